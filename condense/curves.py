@@ -1,0 +1,166 @@
+"""Circuit curves from edge scores: faithfulness of top-n circuits, MIB's CPR and CMD, and the
+smallest faithful top-n circuit (DESIGN.md §4).
+
+A top-n circuit keeps the n best-scoring edges (graph.apply_topn) and is then pruned to the
+edges on an input -> logits path (graph.prune), as MIB evaluates it; `n` is the number asked
+for and `edges` the circuit size after pruning. Faithfulness is evaluate()'s
+f(C) = (LD(C) - LD(empty)) / (LD(full) - LD(empty)). The full and empty runs do not depend on
+the circuit: they are computed once (evaluate.reference_outputs) and reused for every point.
+
+x-axis of the areas: the fraction of *all* edges of the graph asked for, n = floor(fraction *
+total) as in MIB, at MIB's ten fractions 0.001 .. 1 on a linear axis, integrated with the
+trapezoid rule from 0.001 to 1 (no point at 0). So a curve that is 1 everywhere has area
+0.999, and CPR = area under f (signed scores: edges that hurt the metric rank last), CMD =
+area under |1 - f| (absolute scores); higher CPR and lower CMD are better.
+"""
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from condense.evaluate import evaluate, reference_outputs
+from condense.graph import _atomic_write
+
+MIB_PERCENTS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+
+
+def trapezoid(x, y):
+    """Trapezoid-rule area under the points (x, y), x increasing."""
+    return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(x, x[1:], y, y[1:]))
+
+
+@dataclass
+class Curve:
+    """Faithfulness of top-n circuits at the given fractions of all edges."""
+    fractions: list        # x: fraction of all edges asked for (percent / 100)
+    n: list                # edges asked for (top-n)
+    edges: list            # circuit size after pruning (edges on an input -> logits path)
+    faithfulness: list
+    absolute: bool         # ranked by |score| (True) or by signed score
+
+    @property
+    def area(self):
+        """Area under f over the fraction axis (CPR when ranked by signed scores)."""
+        return trapezoid(self.fractions, self.faithfulness)
+
+    @property
+    def area_from_one(self):
+        """Area under |1 - f| over the fraction axis (CMD when ranked by |score|)."""
+        return trapezoid(self.fractions, [abs(1 - f) for f in self.faithfulness])
+
+
+class _TopN:
+    """Evaluates top-n circuits of one scored graph, each n once (tiny graphs repeat n)."""
+
+    def __init__(self, model, graph, dataset, absolute, intervention, batch_size, means, reference):
+        self.model, self.dataset, self.absolute = model, dataset, absolute
+        self.kw = dict(intervention=intervention, batch_size=batch_size, means=means)
+        self.graph = graph.copy()  # the caller's in_graph is left alone
+        self.total = int(graph.valid.sum())
+        self.reference = reference or reference_outputs(model, graph, dataset, intervention,
+                                                        batch_size, means)
+        self.seen = {}
+
+    def circuit(self, n):
+        self.graph.apply_topn(n, absolute=self.absolute)
+        return self.graph.prune()
+
+    def __call__(self, n):
+        """(faithfulness, circuit size) of the pruned top-n circuit."""
+        if n not in self.seen:
+            g = self.circuit(n)
+            f = evaluate(self.model, g, self.dataset, reference=self.reference, **self.kw)["faithfulness"]
+            if math.isnan(f):
+                raise ValueError("faithfulness is undefined: the full and the empty circuit have "
+                                 "the same mean logit difference on this dataset")
+            self.seen[n] = (f, g.count_edges())
+        return self.seen[n]
+
+
+def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCENTS,
+                       intervention="patching", batch_size=32, means=None, reference=None):
+    """Faithfulness of the pruned top-n circuits of `graph`'s scores at `percents` of all edges."""
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference)
+    fractions = [p / 100 for p in percents]
+    ns = [int(fr * top.total) for fr in fractions]
+    results = [top(n) for n in ns]
+    return Curve(fractions, ns, [e for _, e in results], [f for f, _ in results], absolute)
+
+
+def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention="patching",
+            batch_size=32, means=None, reference=None):
+    """MIB's CPR (signed ranking, area under f) and CMD (absolute ranking, area under |1 - f|),
+    with both curves; the full/empty reference runs are shared."""
+    if reference is None:
+        reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
+    kw = dict(percents=percents, intervention=intervention, batch_size=batch_size, means=means,
+              reference=reference)
+    signed = faithfulness_curve(model, graph, dataset, absolute=False, **kw)
+    absolute = faithfulness_curve(model, graph, dataset, absolute=True, **kw)
+    return dict(cpr=signed.area, cmd=absolute.area_from_one, signed=signed, absolute=absolute)
+
+
+@dataclass
+class FaithfulCircuit:
+    """Result of smallest_faithful: the top-n circuit found (pruned), or n=None if none was."""
+    n: int
+    edges: int
+    faithfulness: float
+    graph: object
+    evaluated: dict = field(default_factory=dict)  # n -> (faithfulness, circuit size)
+
+
+def smallest_faithful(model, graph, dataset, threshold=0.9, absolute=True, intervention="patching",
+                      batch_size=32, means=None, reference=None):
+    """The smallest n whose pruned top-n circuit has faithfulness >= threshold, by search.
+
+    Doubling n = 1, 2, 4, ... until a circuit passes, then bisection between the last
+    failing and the first passing n. Each evaluation is one evaluate() over the dataset, so
+    this costs about 2 log2(n) evaluations instead of n. Faithfulness is not monotone in n in
+    general (adding an edge can hurt), so the result is a boundary (f(n) >= threshold and
+    f(n - 1) < threshold, or n = 0), not necessarily the global minimum: a smaller passing n
+    may exist below an n that failed. Returns a FaithfulCircuit whose graph is a pruned copy
+    (the input graph's in_graph is unchanged); n is None when even the full graph fails."""
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference)
+
+    def passes(n):
+        return top(n)[0] >= threshold
+
+    if threshold <= 0:  # the empty circuit (f = 0) already passes
+        hi = 0
+    elif not passes(top.total):
+        f, e = top(top.total)
+        return FaithfulCircuit(None, e, f, None, dict(top.seen))
+    else:
+        lo, hi = 0, 1  # f(0) = 0 < threshold
+        while not passes(hi):  # afterwards f(lo) < threshold <= f(hi)
+            lo, hi = hi, min(2 * hi, top.total)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+    f, e = top(hi)
+    return FaithfulCircuit(hi, e, f, top.circuit(hi).copy(), dict(top.seen))
+
+
+def plot_curve(curve, path, title=None):
+    """Faithfulness against the fraction of edges (log axis) to a PNG. `curve` is a Curve or
+    a mapping label -> Curve (e.g. methods compared); the legend gives each area."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    curves = curve if isinstance(curve, Mapping) else {"": curve}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, c in curves.items():
+        kind = f"CMD {c.area_from_one:.3f}" if c.absolute else f"CPR {c.area:.3f}"
+        ax.plot([100 * x for x in c.fractions], c.faithfulness, marker="o",
+                label=f"{label} ({kind})".strip())
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("edges kept (% of all edges, top-n by score)")
+    ax.set_ylabel("faithfulness f(C)")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
+    plt.close(fig)

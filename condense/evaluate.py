@@ -1,0 +1,127 @@
+"""Circuit metrics of DESIGN.md §4 on a task dataset, through the exact edge-level forward.
+
+For every row, at its last real position: the logit difference LD = logit[answer] -
+logit[distractor] of the circuit C, of the full model (the plain HF model, adapter included)
+and of the empty circuit (every edge ablated); accuracy (LD > 0), top-1, KL(P_full || P_C)
+over the full vocabulary, and faithfulness (LD(C) - LD(∅)) / (LD(full) - LD(∅)) on the means.
+Rows of different lengths are sorted by length and right-padded per batch.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from condense.metrics import pad_batch
+from condense.patching import run_graph
+
+
+@dataclass
+class EvalReference:
+    """What does not depend on the circuit: full-model last-position logits [N, V] and the
+    empty circuit's LD [N], for one dataset, intervention and ablation means. Reuse it across
+    many circuits (e.g. CPR/CMD sweeps) with evaluate(..., reference=...)."""
+    full_logits: torch.Tensor
+    empty_logit_diff: torch.Tensor
+    intervention: str
+
+
+def dataset_columns(dataset):
+    cols = {}
+    for key in ("clean_ids", "corrupted_ids", "answer_id", "distractor_id"):
+        cols[key] = list(dataset[key])
+    n = len(cols["clean_ids"])
+    for i in range(n):
+        if len(cols["clean_ids"][i]) != len(cols["corrupted_ids"][i]):
+            raise ValueError(f"row {i}: clean_ids and corrupted_ids differ in length")
+    return cols, n
+
+
+def row_batches(cols, n, batch_size, device):
+    """(row indices, clean ids, corrupted ids, attention mask, last positions) by length."""
+    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+        corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+        yield idx, clean.to(device), corrupted.to(device), mask.to(device), (lengths - 1).to(device)
+
+
+def _logit_diff(logits, cols, idx):
+    answer = torch.tensor([int(cols["answer_id"][i]) for i in idx])
+    distractor = torch.tensor([int(cols["distractor_id"][i]) for i in idx])
+    logits = logits.float().cpu()
+    return logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, distractor[:, None])[:, 0], answer
+
+
+def _eval_mode(model):
+    was = model.training
+    model.eval()
+    return was
+
+
+@torch.no_grad()
+def reference_outputs(model, graph, dataset, intervention="patching", batch_size=32, means=None):
+    cols, n = dataset_columns(dataset)
+    device = next(model.parameters()).device
+    was_training = _eval_mode(model)
+    try:
+        full, empty = [None] * n, torch.zeros(n)
+        nothing = torch.zeros(graph.n_senders, graph.n_receivers)
+        for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
+            logits = model(input_ids=clean, attention_mask=mask).logits
+            logits = logits[torch.arange(len(idx), device=device), last].float().cpu()
+            for j, i in enumerate(idx):
+                full[i] = logits[j]
+            empty_logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
+                                     edge_mask=nothing, means=means, logit_positions=last)
+            empty[idx] = _logit_diff(empty_logits, cols, idx)[0]
+    finally:
+        model.train(was_training)
+    return EvalReference(torch.stack(full), empty, intervention)
+
+
+@torch.no_grad()
+def evaluate(model, graph, dataset, intervention="patching", batch_size=32, *, means=None,
+             edge_mask=None, reference=None, per_row=False):
+    """Metrics of the circuit `graph` (or `edge_mask`) on `dataset` (a datasets.Dataset or a dict
+    of lists with clean_ids, corrupted_ids, answer_id, distractor_id).
+
+    Returns logit_diff, accuracy, top1, kl, faithfulness (circuit), logit_diff_full,
+    accuracy_full, top1_full, logit_diff_empty, accuracy_empty, n; per_row=True adds per-row
+    tensors. The model is evaluated in eval mode (its mode is restored afterwards)."""
+    if reference is None:
+        reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
+    elif reference.intervention != intervention:
+        raise ValueError(f"reference was computed for {reference.intervention!r}, not {intervention!r}")
+    cols, n = dataset_columns(dataset)
+    device = next(model.parameters()).device
+    ld, top1, kl = torch.zeros(n), torch.zeros(n, dtype=torch.bool), torch.zeros(n)
+    was_training = _eval_mode(model)
+    try:
+        for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
+            logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
+                               edge_mask=edge_mask, means=means, logit_positions=last)
+            ld[idx], answer = _logit_diff(logits, cols, idx)
+            logits = logits.float().cpu()
+            top1[idx] = logits.argmax(-1) == answer
+            full_logp = F.log_softmax(reference.full_logits[idx], -1)
+            kl[idx] = (full_logp.exp() * (full_logp - F.log_softmax(logits, -1))).sum(-1)
+    finally:
+        model.train(was_training)
+
+    ld_full, _ = _logit_diff(reference.full_logits, cols, range(n))
+    answers = torch.tensor([int(a) for a in cols["answer_id"]])
+    ld_empty = reference.empty_logit_diff
+    denom = ld_full.mean() - ld_empty.mean()
+    out = dict(
+        logit_diff=ld.mean().item(), accuracy=(ld > 0).float().mean().item(),
+        top1=top1.float().mean().item(), kl=kl.mean().item(),
+        faithfulness=((ld.mean() - ld_empty.mean()) / denom).item() if denom.abs() > 1e-12 else math.nan,
+        logit_diff_full=ld_full.mean().item(), accuracy_full=(ld_full > 0).float().mean().item(),
+        top1_full=(reference.full_logits.argmax(-1) == answers).float().mean().item(),
+        logit_diff_empty=ld_empty.mean().item(), accuracy_empty=(ld_empty > 0).float().mean().item(),
+        n=n)
+    if per_row:
+        out["per_row"] = dict(logit_diff=ld, logit_diff_full=ld_full, logit_diff_empty=ld_empty, kl=kl)
+    return out

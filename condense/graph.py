@@ -1,0 +1,502 @@
+"""The computational graph of DESIGN.md §1 (MIB / EAP-IG compatible), backed by dense tensors.
+
+Senders (nodes that write to the residual stream), in order: `input`, then per layer l the
+heads `a{l}.h{h}` and the MLP `m{l}`. Receivers, in order: per layer l the head inputs
+`a{l}.h{h}<q>` (all h), `<k>` (all h), `<v>` (all h), then `m{l}`; finally `logits`.
+Edge (s, r) exists when s is written before r reads (`valid[s, r]`); `scores` and `in_graph`
+are [n_senders, n_receivers] tensors, and `edges` / `nodes` are lazy name -> view mappings,
+so a graph of a large model costs a few tensors, not millions of Python objects.
+
+Node masks (for node-level methods): `head_mask` [L, H] and `neuron_mask` [L, d_mlp], all
+ones by default; condense.patching mixes clean and ablated values with them.
+"""
+import heapq
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+
+import torch
+
+from condense.model_parts import model_shape
+
+QKV = "qkv"
+
+
+class Graph:
+    def __init__(self, shape):
+        self.shape = shape
+        L, H = shape.n_layers, shape.n_heads
+        self.n_layers, self.n_heads = L, H
+        self.cfg = dict(n_layers=L, n_heads=H, d_model=shape.d_model, parallel_attn_mlp=False,
+                        model_type=shape.model_type, n_key_value_heads=shape.n_kv_heads,
+                        d_mlp=shape.d_mlp)
+        self.sender_names = ["input"]
+        for l in range(L):
+            self.sender_names += [f"a{l}.h{h}" for h in range(H)] + [f"m{l}"]
+        self.node_names = self.sender_names + ["logits"]
+        self.receiver_names, receiver_node, n_before = [], [], []
+        for l in range(L):
+            for c in QKV:
+                self.receiver_names += [f"a{l}.h{h}<{c}>" for h in range(H)]
+                receiver_node += [self.head_sender(l, h) for h in range(H)]
+                n_before += [self.head_sender(l, 0)] * H
+            self.receiver_names.append(f"m{l}")
+            receiver_node.append(self.mlp_sender(l))
+            n_before.append(self.mlp_sender(l))
+        self.receiver_names.append("logits")
+        receiver_node.append(len(self.sender_names))
+        n_before.append(len(self.sender_names))
+        self.n_senders, self.n_receivers = len(self.sender_names), len(self.receiver_names)
+        self.sender_index = {n: i for i, n in enumerate(self.sender_names)}
+        self.receiver_index = {n: i for i, n in enumerate(self.receiver_names)}
+        self.node_index = {n: i for i, n in enumerate(self.node_names)}
+        # node index (into node_names) that owns each receiver; logits is the last node
+        self.receiver_node = torch.tensor(receiver_node)
+        self.valid = torch.arange(self.n_senders)[:, None] < torch.tensor(n_before)[None, :]
+        self.scores = torch.zeros(self.n_senders, self.n_receivers)
+        self.in_graph = self.valid.clone()
+        self.head_mask = torch.ones(L, H)
+        self.neuron_mask = torch.ones(L, shape.d_mlp)
+        self.edges = EdgeMap(self)
+        self.nodes = NodeMap(self)
+
+    @classmethod
+    def from_model(cls, model):
+        """Graph of a supported HF model (or peft model / config); reads only the config."""
+        return cls(model_shape(model))
+
+    # ------------------------------------------------------------ layout (used by patching)
+    def head_sender(self, layer, head):
+        return 1 + layer * (self.n_heads + 1) + head
+
+    def mlp_sender(self, layer):
+        return 1 + layer * (self.n_heads + 1) + self.n_heads
+
+    def attn_senders(self, layer):
+        return slice(self.head_sender(layer, 0), self.mlp_sender(layer))
+
+    def attn_receivers(self, layer):
+        """The 3H receivers of layer `layer`'s heads: q (all heads), k (all heads), v (all heads)."""
+        start = layer * (3 * self.n_heads + 1)
+        return slice(start, start + 3 * self.n_heads)
+
+    def mlp_receiver(self, layer):
+        return layer * (3 * self.n_heads + 1) + 3 * self.n_heads
+
+    @property
+    def logits_receiver(self):
+        return self.n_receivers - 1
+
+    # ------------------------------------------------------------ counting and node state
+    @property
+    def n_edges(self):
+        return int((self.in_graph & self.valid).sum())
+
+    def count_edges(self, on_path=False):
+        """In-graph edges; with on_path=True only those on an input -> logits path (circuit size)."""
+        return int(self._on_path().sum()) if on_path else self.n_edges
+
+    def nodes_in_graph(self):
+        """Bool [n_nodes]: a node is in the graph when an in-graph edge enters or leaves it."""
+        edges = self.in_graph & self.valid
+        touched = torch.zeros(len(self.node_names), dtype=torch.long)
+        touched[: self.n_senders] = edges.any(1).long()
+        touched.index_add_(0, self.receiver_node, edges.any(0).long())
+        return touched > 0
+
+    def copy(self):
+        """An independent graph with the same edges, scores and node masks."""
+        g = Graph(self.shape)
+        g.scores, g.in_graph = self.scores.clone(), self.in_graph.clone()
+        g.head_mask, g.neuron_mask = self.head_mask.clone(), self.neuron_mask.clone()
+        return g
+
+    def reset(self, in_graph=True):
+        self.in_graph = self.valid.clone() if in_graph else torch.zeros_like(self.valid)
+
+    # ------------------------------------------------------------ selecting edges
+    def _ranked(self, absolute):
+        s = self.scores.abs() if absolute else self.scores.clone()
+        return s.masked_fill(~self.valid, float("-inf"))
+
+    def apply_threshold(self, threshold, absolute=True):
+        """Keep edges whose (absolute) score is >= threshold."""
+        self.in_graph = self.valid & (self._ranked(absolute) >= threshold)
+
+    def apply_topn(self, n, absolute=True):
+        """Keep the n highest-scoring edges (by |score| unless absolute=False); n=0 empties."""
+        total = int(self.valid.sum())
+        if not 0 <= n <= total:
+            raise ValueError(f"apply_topn: n={n} outside [0, {total}] (edges in the graph)")
+        flat = self._ranked(absolute).flatten()
+        self.in_graph = torch.zeros(flat.numel(), dtype=torch.bool)
+        self.in_graph[flat.topk(n).indices] = True
+        self.in_graph = self.in_graph.view(self.valid.shape) & self.valid
+
+    def apply_greedy(self, n, absolute=True):
+        """Grow a graph of n edges from `logits` backwards (EAP-IG's greedy search): repeatedly
+        add the best edge into a node already in the graph; its sender joins the graph and
+        the sender's own incoming edges become candidates."""
+        total = int(self.valid.sum())
+        if not 0 <= n <= total:
+            raise ValueError(f"apply_greedy: n={n} outside [0, {total}] (edges in the graph)")
+        rank = self._ranked(absolute)
+        recv_of_node = [[] for _ in self.node_names]
+        for r, node in enumerate(self.receiver_node.tolist()):
+            recv_of_node[node].append(r)
+        heap, joined = [], set()
+
+        def add_candidates(node):
+            for r in recv_of_node[node]:
+                col = rank[:, r]
+                for s in torch.nonzero(self.valid[:, r]).flatten().tolist():
+                    heapq.heappush(heap, (-float(col[s]), s, r))
+
+        self.in_graph = torch.zeros_like(self.valid)
+        add_candidates(len(self.node_names) - 1)
+        for _ in range(n):
+            _, s, r = heapq.heappop(heap)
+            self.in_graph[s, r] = True
+            if s not in joined:
+                joined.add(s)
+                add_candidates(s)
+
+    # ------------------------------------------------------------ pruning
+    def _on_path(self):
+        """Bool [S, R]: in-graph edges on some input -> logits path."""
+        edges = self.in_graph & self.valid
+        n_nodes = len(self.node_names)
+        node_of = self.receiver_node
+        # forward: nodes reachable from input (senders are topologically ordered)
+        fwd = torch.zeros(n_nodes, dtype=torch.bool)
+        fwd[0] = True
+        for node in range(1, n_nodes):
+            recv = node_of == node
+            fwd[node] = bool((edges[:, recv] & fwd[: self.n_senders, None]).any())
+        # backward: nodes that reach logits
+        bwd = torch.zeros(n_nodes, dtype=torch.bool)
+        bwd[-1] = True
+        for node in range(self.n_senders - 1, -1, -1):
+            bwd[node] = bool((edges[node] & bwd[node_of]).any())
+        return edges & fwd[: self.n_senders, None] & bwd[node_of][None, :]
+
+    def prune(self):
+        """Drop in-graph edges not on an input -> logits path, repeated to a fixed point."""
+        while True:
+            kept = self._on_path()
+            if torch.equal(kept, self.in_graph & self.valid):
+                self.in_graph = kept
+                return self
+            self.in_graph = kept
+
+    # ------------------------------------------------------------ MIB JSON
+    def to_json(self, path):
+        """MIB format: cfg, nodes {name: {in_graph}}, edges {name: {score, in_graph}}; atomic write."""
+        nodes_on = self.nodes_in_graph().tolist()
+        d = dict(cfg=self.cfg,
+                 nodes={n: {"in_graph": bool(on)} for n, on in zip(self.node_names, nodes_on)},
+                 edges={})
+        s_idx, r_idx = torch.nonzero(self.valid, as_tuple=True)
+        scores = self.scores[s_idx, r_idx].tolist()
+        flags = self.in_graph[s_idx, r_idx].tolist()
+        for s, r, sc, f in zip(s_idx.tolist(), r_idx.tolist(), scores, flags):
+            d["edges"][f"{self.sender_names[s]}->{self.receiver_names[r]}"] = {"score": sc, "in_graph": f}
+        if not (bool((self.head_mask == 1).all()) and bool((self.neuron_mask == 1).all())):
+            d["node_masks"] = {"heads": self.head_mask.tolist(), "neurons": self.neuron_mask.tolist()}
+        _atomic_write(path, lambda f: json.dump(d, f))
+
+    @classmethod
+    def from_json(cls, path, model):
+        """Load a MIB-format graph for `model` (edges absent from the file are out of the graph)."""
+        with open(path) as f:
+            d = json.load(f)
+        g = cls.from_model(model)
+        for key in ("n_layers", "n_heads"):
+            if key in d.get("cfg", {}) and d["cfg"][key] != g.cfg[key]:
+                raise ValueError(f"{path}: cfg {key}={d['cfg'][key]} but the model has {g.cfg[key]}")
+        g.in_graph = torch.zeros_like(g.valid)
+        for name, e in d["edges"].items():
+            s, r = g._parse_edge(name)
+            g.scores[s, r] = float(e.get("score", 0.0) if e.get("score") is not None else 0.0)
+            g.in_graph[s, r] = bool(e["in_graph"])
+        if "node_masks" in d:
+            g.head_mask = torch.tensor(d["node_masks"]["heads"], dtype=torch.float)
+            g.neuron_mask = torch.tensor(d["node_masks"]["neurons"], dtype=torch.float)
+        return g
+
+    def _parse_edge(self, name):
+        src, _, dst = name.partition("->")
+        if src not in self.sender_index or dst not in self.receiver_index:
+            raise KeyError(f"no edge {name!r} in this graph")
+        s, r = self.sender_index[src], self.receiver_index[dst]
+        if not self.valid[s, r]:
+            raise KeyError(f"no edge {name!r}: {src} is written after {dst} reads")
+        return s, r
+
+    def to_image(self, path):
+        """Draw the in-graph edges to a PNG: graphviz (python package and `dot`) when both are
+        present, else matplotlib. Nodes sit in rows by layer; line width follows |score|."""
+        try:
+            import graphviz
+        except ImportError:
+            graphviz = None
+        if graphviz is not None and shutil.which("dot"):
+            _draw_graphviz(self, path, graphviz)
+        else:
+            _draw_matplotlib(self, path)
+
+    def __repr__(self):
+        return (f"Graph({self.cfg['model_type']}, {self.n_layers} layers x {self.n_heads} heads, "
+                f"{self.n_edges}/{int(self.valid.sum())} edges in graph)")
+
+
+def _atomic_write(path, write, mode="w"):
+    """Write to a temporary file beside `path`, then rename: a kill never leaves half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------- lightweight views
+
+class Node:
+    __slots__ = ("graph", "index")
+
+    def __init__(self, graph, index):
+        self.graph, self.index = graph, index
+
+    @property
+    def name(self):
+        return self.graph.node_names[self.index]
+
+    @property
+    def kind(self):
+        n = self.name
+        if n in ("input", "logits"):
+            return n
+        return "attention" if n[0] == "a" else "mlp"
+
+    @property
+    def layer(self):
+        """-1 for input, n_layers for logits."""
+        n = self.name
+        if n in ("input", "logits"):
+            return -1 if n == "input" else self.graph.n_layers
+        return int(n[1:].split(".")[0])
+
+    @property
+    def head(self):
+        return int(self.name.split(".h")[1]) if self.kind == "attention" else None
+
+    @property
+    def in_graph(self):
+        return bool(self.graph.nodes_in_graph()[self.index])
+
+    @property
+    def parent_edges(self):
+        g = self.graph
+        recv = torch.nonzero(g.receiver_node == self.index).flatten().tolist()
+        return [Edge(g, s, r) for r in recv for s in torch.nonzero(g.valid[:, r]).flatten().tolist()]
+
+    @property
+    def child_edges(self):
+        g = self.graph
+        if self.index >= g.n_senders:
+            return []
+        return [Edge(g, self.index, r) for r in torch.nonzero(g.valid[self.index]).flatten().tolist()]
+
+    @property
+    def mask(self):
+        """Head: its scalar mask (0-d view); MLP: its neuron mask row; else None."""
+        if self.kind == "attention":
+            return self.graph.head_mask[self.layer, self.head]
+        if self.kind == "mlp":
+            return self.graph.neuron_mask[self.layer]
+        return None
+
+    def __eq__(self, other):
+        return isinstance(other, Node) and other.graph is self.graph and other.index == self.index
+
+    def __hash__(self):
+        return hash((id(self.graph), self.index))
+
+    def __repr__(self):
+        return f"Node({self.name})"
+
+
+class Edge:
+    __slots__ = ("graph", "s", "r")
+
+    def __init__(self, graph, s, r):
+        self.graph, self.s, self.r = graph, s, r
+
+    @property
+    def name(self):
+        return f"{self.graph.sender_names[self.s]}->{self.graph.receiver_names[self.r]}"
+
+    @property
+    def parent(self):
+        return Node(self.graph, self.s)
+
+    @property
+    def child(self):
+        return Node(self.graph, int(self.graph.receiver_node[self.r]))
+
+    @property
+    def qkv(self):
+        dst = self.graph.receiver_names[self.r]
+        return dst[-2] if dst.endswith(">") else None
+
+    @property
+    def score(self):
+        return float(self.graph.scores[self.s, self.r])
+
+    @score.setter
+    def score(self, value):
+        self.graph.scores[self.s, self.r] = value
+
+    @property
+    def in_graph(self):
+        return bool(self.graph.in_graph[self.s, self.r])
+
+    @in_graph.setter
+    def in_graph(self, value):
+        self.graph.in_graph[self.s, self.r] = bool(value)
+
+    def __repr__(self):
+        return f"Edge({self.name}, score={self.score:.4g}, in_graph={self.in_graph})"
+
+
+class EdgeMap(Mapping):
+    """name -> Edge over every edge of the graph (in or out of the circuit)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def __getitem__(self, name):
+        return Edge(self.graph, *self.graph._parse_edge(name))
+
+    def __contains__(self, name):
+        try:
+            self.graph._parse_edge(name)
+            return True
+        except (KeyError, AttributeError):
+            return False
+
+    def _pairs(self):
+        s_idx, r_idx = torch.nonzero(self.graph.valid, as_tuple=True)
+        return zip(s_idx.tolist(), r_idx.tolist())
+
+    def __iter__(self):
+        g = self.graph
+        return (f"{g.sender_names[s]}->{g.receiver_names[r]}" for s, r in self._pairs())
+
+    def __len__(self):
+        return int(self.graph.valid.sum())
+
+    def values(self):
+        return [Edge(self.graph, s, r) for s, r in self._pairs()]
+
+    def items(self):
+        return [(e.name, e) for e in self.values()]
+
+
+class NodeMap(Mapping):
+    def __init__(self, graph):
+        self.graph = graph
+
+    def __getitem__(self, name):
+        return Node(self.graph, self.graph.node_index[name])
+
+    def __iter__(self):
+        return iter(self.graph.node_names)
+
+    def __len__(self):
+        return len(self.graph.node_names)
+
+
+# ---------------------------------------------------------------- drawing
+
+_QKV_COLORS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#9467bd", None: "#444444"}
+
+
+def _drawn_edges(graph):
+    """(edges in graph, their |score| scaled to line widths 0.4..4)."""
+    edges = [Edge(graph, s, r) for s, r in torch.nonzero(graph.in_graph & graph.valid).tolist()]
+    mags = torch.tensor([abs(e.score) for e in edges]) if edges else torch.zeros(0)
+    top = float(mags.max()) if len(edges) and float(mags.max()) > 0 else 1.0
+    return edges, (0.4 + 3.6 * mags / top).tolist()
+
+
+def _node_xy(graph, index):
+    """Row = layer position (input 0, heads of layer l at 2l+1, m{l} at 2l+2, logits last)."""
+    node = Node(graph, index)
+    H = graph.n_heads
+    if node.kind == "input":
+        return (H - 1) / 2, 0.0
+    if node.kind == "logits":
+        return (H - 1) / 2, 2.0 * graph.n_layers + 1
+    if node.kind == "attention":
+        return float(node.head), 2.0 * node.layer + 1
+    return (H - 1) / 2, 2.0 * node.layer + 2
+
+
+def _draw_matplotlib(graph, path):
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    edges, widths = _drawn_edges(graph)
+    shown = sorted({e.s for e in edges} | {int(graph.receiver_node[e.r]) for e in edges})
+    xy = {i: _node_xy(graph, i) for i in shown}
+    fig, ax = plt.subplots(figsize=(max(6, graph.n_heads * 0.9), max(4, graph.n_layers * 1.2)))
+    segments = [(xy[e.s], xy[int(graph.receiver_node[e.r])]) for e in edges]
+    colors = [_QKV_COLORS[e.qkv] for e in edges]
+    ax.add_collection(LineCollection(segments, linewidths=widths, colors=colors, alpha=0.6, zorder=1))
+    for i in shown:
+        x, y = xy[i]
+        kind = Node(graph, i).kind
+        ax.scatter([x], [y], s=500, zorder=2, marker="s" if kind == "mlp" else "o",
+                   c="#ffcc66" if kind in ("input", "logits") else "#dddddd", edgecolors="black")
+        ax.annotate(graph.node_names[i], (x, y), ha="center", va="center", fontsize=6, zorder=3)
+    for c in "qkv":
+        ax.plot([], [], color=_QKV_COLORS[c], label=f"into <{c}>")
+    ax.plot([], [], color=_QKV_COLORS[None], label="into MLP / logits")
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_xlim(-1, graph.n_heads)
+    ax.set_ylim(-1, 2 * graph.n_layers + 2)
+    ax.set_axis_off()
+    ax.set_title(f"{graph.count_edges()} edges")
+    fig.tight_layout()
+    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
+    plt.close(fig)
+
+
+def _draw_graphviz(graph, path, graphviz):
+    edges, widths = _drawn_edges(graph)
+    dot = graphviz.Digraph(graph_attr={"rankdir": "BT", "splines": "true"})
+    shown = sorted({e.s for e in edges} | {int(graph.receiver_node[e.r]) for e in edges})
+    rows = {}
+    for i in shown:
+        rows.setdefault(_node_xy(graph, i)[1], []).append(i)
+    for row in rows.values():
+        with dot.subgraph() as sub:
+            sub.attr(rank="same")
+            for i in row:
+                sub.node(graph.node_names[i], shape="box" if Node(graph, i).kind == "mlp" else "ellipse")
+    for e, w in zip(edges, widths):
+        dot.edge(graph.node_names[e.s], graph.node_names[int(graph.receiver_node[e.r])],
+                 penwidth=f"{w:.2f}", color=_QKV_COLORS[e.qkv])
+    data = dot.pipe(format="png")
+    _atomic_write(path, lambda f: f.write(data), "wb")
+

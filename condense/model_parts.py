@@ -1,0 +1,294 @@
+"""Which Hugging Face causal LMs the edge-level graph supports, and a uniform view of their parts.
+
+The patched forward (condense/patching.py) never re-implements a model: it calls the model's
+own submodules (norms, projections, rotary, MLP, lm_head) so that anything wrapped around
+them, a peft LoRA adapter in particular, takes effect. This module finds those submodules for
+each supported family, refuses configurations the patched forward cannot reproduce exactly,
+and splits the attention projections per head:
+
+- `project_per_head`: head h's q/k/v from its *own* residual input (edge-level graphs give
+  every head receiver a different input);
+- `split_heads_output`: head h's share of the output projection, o_proj(z_h only).
+
+Both take a fast path through the weights when the module is a plain `nn.Linear`/`Conv1D` or
+a vanilla peft LoRA layer over one (W + scaling * B @ A), and otherwise call the module on an
+expanded input (exact for any affine module, H times the work).
+"""
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+SUPPORTED_FAMILIES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
+                      "mistral": "Mistral", "gemma": "Gemma", "gemma2": "Gemma2"}
+SUPPORTED_TEXT = ", ".join(f"{v} ({k})" for k, v in SUPPORTED_FAMILIES.items())
+
+# Set by tests to check that the generic (module-calling) path equals the weight fast path.
+FORCE_GENERIC_PROJECTIONS = False
+
+
+class UnsupportedModelError(ValueError):
+    """A model or configuration the exact edge-level forward does not handle."""
+
+
+def unwrap_model(model):
+    """The Hugging Face model under peft / DDP / accelerate wrappers (adapter layers stay in it)."""
+    while True:
+        if hasattr(model, "get_base_model"):  # peft.PeftModel
+            model = model.get_base_model()
+        elif isinstance(model, nn.parallel.DistributedDataParallel) or (
+                type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel")
+                and hasattr(model, "module")):
+            model = model.module
+        else:
+            return model
+
+
+def _config(model_or_config):
+    return getattr(unwrap_model(model_or_config), "config", model_or_config)
+
+
+def check_supported(config):
+    """Raise UnsupportedModelError, naming what is supported, unless the config is handled exactly."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"condense's edge-level graph does not support model_type {kind!r} "
+            f"({type(config).__name__}); supported families: {SUPPORTED_TEXT}.")
+    refuse = []
+    if kind == "gpt2" and getattr(config, "add_cross_attention", False):
+        refuse.append("GPT-2 with cross-attention (add_cross_attention=True)")
+    if getattr(config, "use_bidirectional_attention", False):
+        refuse.append("bidirectional (non-causal) attention (use_bidirectional_attention=True)")
+    if getattr(config, "parallel_attn", False) or getattr(config, "use_parallel_residual", False):
+        refuse.append("parallel attention/MLP blocks")
+    layer_types = getattr(config, "layer_types", None) or []
+    odd = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if odd:
+        refuse.append(f"attention layer types {odd}")
+    if refuse:
+        raise UnsupportedModelError(
+            f"condense's edge-level graph cannot reproduce {', '.join(refuse)} exactly; it supports "
+            f"causal sequential blocks (full or sliding-window attention) of: {SUPPORTED_TEXT}.")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    d_mlp: int
+
+
+def model_shape(model_or_config):
+    """Dimensions the graph needs; reads only the config (works on meta-device models)."""
+    cfg = _config(model_or_config)
+    check_supported(cfg)
+    d_model, n_heads = cfg.hidden_size, cfg.num_attention_heads
+    if cfg.model_type == "gpt2":
+        n_kv, head_dim = n_heads, d_model // n_heads
+        d_mlp = cfg.n_inner if cfg.n_inner is not None else 4 * d_model
+    else:
+        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(cfg, "head_dim", None) or d_model // n_heads
+        d_mlp = cfg.intermediate_size
+    return ModelShape(cfg.model_type, cfg.num_hidden_layers, n_heads, n_kv, head_dim, d_model, d_mlp)
+
+
+def sliding_windows(config):
+    """Per layer: the sliding window (keys with q - k < window are visible) or None, as HF does."""
+    n = config.num_hidden_layers
+    if config.model_type == "mistral":  # Mistral applies config.sliding_window to every layer
+        return [config.sliding_window] * n
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return [None] * n
+    return [config.sliding_window if t == "sliding_attention" else None for t in layer_types]
+
+
+@dataclass
+class Projection:
+    """Rows `offset + module_head * head_dim + [0, head_dim)` of `module`'s output."""
+    module: nn.Module
+    offset: int
+    head_of: torch.Tensor  # [n_query_heads]: which of the module's heads each query head reads (GQA)
+
+
+@dataclass
+class LayerParts:
+    attn_norm: nn.Module
+    q: Projection
+    k: Projection
+    v: Projection
+    q_norm: nn.Module | None      # Qwen3: RMSNorm over head_dim on q and k
+    k_norm: nn.Module | None
+    scaling: float
+    softcap: float | None         # Gemma2 attention logit soft-capping
+    sliding_window: int | None
+    o_proj: nn.Module
+    post_attn_norm: nn.Module | None  # Gemma2: RMSNorm on the attention output
+    mlp_norm: nn.Module
+    mlp: nn.Module
+    mlp_down: nn.Module           # its input is the MLP's hidden units (neuron masks act there)
+    post_mlp_norm: nn.Module | None   # Gemma2
+
+
+@dataclass
+class ModelParts:
+    shape: ModelShape
+    token_embed: nn.Module
+    position_embed: nn.Module | None  # GPT-2 learned positions
+    rotary: nn.Module | None
+    apply_rotary: object              # the family's apply_rotary_pos_emb
+    layers: list
+    final_norm: nn.Module
+    lm_head: nn.Module
+    final_softcap: float | None       # Gemma2 final logit soft-capping
+
+    def embed(self, ids):
+        """The `input` node: token (+ learned position) embeddings, Gemma's sqrt(d) scale included."""
+        x = self.token_embed(ids)
+        if self.position_embed is not None:
+            x = x + self.position_embed(torch.arange(ids.shape[1], device=ids.device))[None]
+        return x
+
+
+def model_parts(model):
+    """Collect the submodules of a supported model (peft adapters stay inside them)."""
+    hf = unwrap_model(model)
+    shape = model_shape(hf)
+    cfg = hf.config
+    H, dh = shape.n_heads, shape.head_dim
+    heads = torch.arange(H)
+    windows = sliding_windows(cfg)
+    layers = []
+    if shape.model_type == "gpt2":
+        body = hf.transformer
+        for block in body.h:
+            at = block.attn
+            layers.append(LayerParts(
+                attn_norm=block.ln_1, q=Projection(at.c_attn, 0, heads),
+                k=Projection(at.c_attn, shape.d_model, heads),
+                v=Projection(at.c_attn, 2 * shape.d_model, heads),
+                q_norm=None, k_norm=None, scaling=at.scaling, softcap=None, sliding_window=None,
+                o_proj=at.c_proj, post_attn_norm=None, mlp_norm=block.ln_2, mlp=block.mlp,
+                mlp_down=block.mlp.c_proj, post_mlp_norm=None))
+        return ModelParts(shape, body.wte, body.wpe, None, None, layers, body.ln_f, hf.lm_head, None)
+
+    body = hf.model
+    kv_heads = heads // (H // shape.n_kv_heads)
+    gemma2 = shape.model_type == "gemma2"
+    for i, layer in enumerate(body.layers):
+        at = layer.self_attn
+        if gemma2 and type(layer.post_attention_layernorm).__name__ != "Gemma2RMSNorm":
+            raise UnsupportedModelError(
+                "Gemma2 post-attention norm of an unknown kind; expected Gemma2RMSNorm")
+        layers.append(LayerParts(
+            attn_norm=layer.input_layernorm, q=Projection(at.q_proj, 0, heads),
+            k=Projection(at.k_proj, 0, kv_heads), v=Projection(at.v_proj, 0, kv_heads),
+            q_norm=getattr(at, "q_norm", None), k_norm=getattr(at, "k_norm", None),
+            scaling=at.scaling, softcap=getattr(at, "attn_logit_softcapping", None) if gemma2 else None,
+            sliding_window=windows[i], o_proj=at.o_proj,
+            post_attn_norm=layer.post_attention_layernorm if gemma2 else None,
+            mlp_norm=layer.pre_feedforward_layernorm if gemma2 else layer.post_attention_layernorm,
+            mlp=layer.mlp, mlp_down=layer.mlp.down_proj,
+            post_mlp_norm=layer.post_feedforward_layernorm if gemma2 else None))
+    apply_rotary = sys.modules[type(body.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    softcap = getattr(cfg, "final_logit_softcapping", None) if gemma2 else None
+    return ModelParts(shape, body.embed_tokens, None, body.rotary_emb, apply_rotary, layers,
+                      body.norm, hf.lm_head, softcap)
+
+
+# ---------------------------------------------------------------- per-head projections
+
+def _lora_linear_class():
+    try:
+        from peft.tuners.lora.layer import Linear
+        return Linear
+    except Exception:  # peft missing or reorganised: the generic path still works
+        return None
+
+
+_LORA_LINEAR = _lora_linear_class()
+
+
+def affine_weight(module):
+    """(W [out, in], b [out] or None) with module(x) == x @ W.T + b, or None when unknown.
+
+    Unknown modules (other adapters, quantized layers, LoRA variants like DoRA, active LoRA
+    dropout) return None and are called as modules instead."""
+    if type(module) is nn.Linear:
+        return module.weight, module.bias
+    if type(module) is Conv1D:
+        return module.weight.T, module.bias
+    if _LORA_LINEAR is not None and isinstance(module, _LORA_LINEAR):
+        base = affine_weight(module.base_layer)
+        if base is None or (module.disable_adapters and module.merged):
+            return None
+        if module.disable_adapters or module.merged:
+            return base
+        W, b = base
+        for name in module.active_adapters:
+            if name not in module.lora_A.keys():
+                continue
+            if name in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(name):
+                return None
+            drop = module.lora_dropout[name]
+            if not isinstance(drop, nn.Identity) and drop.training and drop.p > 0:
+                return None
+            A, B, s = module.lora_A[name], module.lora_B[name], module.scaling[name]
+            if type(A) is not nn.Linear or type(B) is not nn.Linear:
+                return None
+            W = W + s * (B.weight @ A.weight)
+            if B.bias is not None:
+                b = s * B.bias if b is None else b + s * B.bias
+        return W, b
+    return None
+
+
+def _rows(proj, head_dim, device):
+    head_of = proj.head_of.to(device)
+    return proj.offset + head_of[:, None] * head_dim + torch.arange(head_dim, device=device)  # [H, dh]
+
+
+def project_per_head(proj, x, head_dim):
+    """x [H, B, T, d_model] (each query head's own normalized input) -> [B, T, H, head_dim]."""
+    rows = _rows(proj, head_dim, x.device)
+    wb = None if FORCE_GENERIC_PROJECTIONS else affine_weight(proj.module)
+    if wb is not None:
+        W, b = wb
+        n_module_heads = int(proj.head_of.max()) + 1
+        W = W[proj.offset: proj.offset + n_module_heads * head_dim].view(n_module_heads, head_dim, -1)
+        if n_module_heads != rows.shape[0]:  # GQA: each query head reads its KV head's rows
+            W = W[proj.head_of.to(x.device)]
+        y = torch.einsum("hbtd,hkd->bthk", x, W)
+        return y if b is None else y + b[rows]
+    y = proj.module(x.contiguous()).permute(1, 2, 0, 3)  # [B, T, H, out]: every input, whole module
+    return y[:, :, torch.arange(rows.shape[0], device=x.device)[:, None], rows]
+
+
+def project_shared(proj, x, head_dim):
+    """x [B, T, d_model] read by every head alike -> [B, T, H, head_dim] (HF's own computation)."""
+    return proj.module(x)[..., _rows(proj, head_dim, x.device)]
+
+
+def split_heads_output(o_proj, z):
+    """z [B, T, H, dh] -> (per-head outputs [B, T, H, d_model], constant [d_model] or None).
+
+    Head h's output is o_proj applied to z with every other head zeroed, minus o_proj(0); the
+    constant o_proj(0) (the bias, plus any adapter bias) is returned separately so that the
+    head outputs sum with it to o_proj(z) exactly."""
+    B, T, H, dh = z.shape
+    wb = None if FORCE_GENERIC_PROJECTIONS else affine_weight(o_proj)
+    if wb is not None:
+        W, b = wb
+        return torch.einsum("bthk,dhk->bthd", z, W.reshape(W.shape[0], H, dh)), b
+    eye = torch.eye(H, dtype=z.dtype, device=z.device)
+    z_alone = (z[:, :, None] * eye[:, :, None]).reshape(B, T, H, H * dh)  # head h keeps only z_h
+    const = o_proj(z.new_zeros(1, H * dh))[0]
+    return o_proj(z_alone) - const, const

@@ -1,0 +1,154 @@
+"""Task data: `load_task` for the six behaviours and `general_text` for perplexity guards.
+
+Rows follow DESIGN.md §3: `clean_ids` and `corrupted_ids` of equal length, single-token
+`answer_id` and `distractor_id` read at the last position, and the readable texts.
+
+Splits never share a prompt: a prompt belongs to the split that a hash of its clean text
+names (80 % train, 10 % val, 10 % test), and a generator's draw that lands in another
+split is redrawn. IOI templates reserved for `test` never appear in `train` or `val`.
+"""
+import hashlib
+import random
+from collections import defaultdict
+
+from datasets import Dataset
+
+from . import words as W
+from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample  # noqa: F401
+
+TASKS = tuple(GENERATORS)
+SPLITS = ("train", "val", "test")
+
+
+def _stable_hash(text):
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "little")
+
+
+def split_of(text):
+    """The split a prompt belongs to, fixed by its text alone."""
+    h = _stable_hash(text) % 10
+    return "train" if h < 8 else ("val" if h == 8 else "test")
+
+
+def _check_name(name, allowed, what):
+    if name not in allowed:
+        raise ValueError(f"unknown {what} {name!r}; valid {what}s: {', '.join(allowed)}")
+
+
+_POOLS = {}
+
+
+def word_pools(tokenizer):
+    """Word pools restricted to what `tokenizer` encodes as single tokens (no filter for
+    `tokenizer=None`, which is how the organism's tokenizer gets its training text)."""
+    key = None if tokenizer is None else (tokenizer.name_or_path, len(tokenizer))
+    if key in _POOLS:
+        return _POOLS[key]
+
+    def one(ws, prefix=" "):
+        return list(ws) if tokenizer is None else W.single_tokens(tokenizer, ws, prefix)
+
+    pairs = [(s, p) for s, p in W.NOUN_PAIRS if one([s]) and one([p])]
+    verbs = [(s, p) for s, p in W.VERB_PAIRS if one([s]) and one([p])]
+    by_letter = defaultdict(list)
+    for w in one(W.ACRONYM_WORDS):
+        if tokenizer is None or len(tokenizer.encode(w[0], add_special_tokens=False)) == 1:
+            by_letter[w[0]].append(w)
+    P = dict(names=one(W.NAMES), places=W.PLACES, objects=W.OBJECTS, noun_pairs=pairs,
+             verbs=verbs, preps=W.PREPOSITIONS, adjs=W.ADJECTIVES, args=one(W.ARG_WORDS),
+             descriptions=W.DOC_DESCRIPTIONS, functions=W.FUNCTION_NAMES,
+             summaries=W.DOC_SUMMARIES, acronym_by_letter=dict(by_letter),
+             acronym_prefixes=W.ACRONYM_PREFIXES, gt_nouns=W.GT_NOUNS,
+             gt_templates=W.GT_TEMPLATES, common=one(W.COMMON_WORDS))
+    need = dict(names=10, noun_pairs=4, verbs=1, args=12, acronym_by_letter=8, common=60)
+    short = {k: len(P[k]) for k, m in need.items() if len(P[k]) < m}
+    if short:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', None)!r} keeps too "
+                         f"few single-token words (pool: count): {short}; needed: {need}")
+    _POOLS[key] = P
+    return P
+
+
+def _rng(name, split, seed):
+    return random.Random(_stable_hash(f"{name}/{split}/{seed}"))
+
+
+def iter_samples(name, tokenizer, split="train", seed=0):
+    """An endless stream of `Sample`s of task `name` whose prompts belong to `split`."""
+    _check_name(name, TASKS, "task")
+    _check_name(split, SPLITS, "split")
+    gen, P, rng = GENERATORS[name], word_pools(tokenizer), _rng(name, split, seed)
+    while True:
+        s = gen(rng, split, P)
+        if split_of(s.clean) == split:  # held-out templates are only drawn for test
+            yield s
+
+
+def _encode(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _row(tokenizer, s):
+    """The evaluation row of sample `s`, or None when the tokenizer breaks the contract."""
+    clean, corrupted = _encode(tokenizer, s.clean), _encode(tokenizer, s.corrupted)
+    answer, distractor = _encode(tokenizer, s.answer), _encode(tokenizer, s.distractor)
+    if (len(clean) != len(corrupted) or len(answer) != 1 or len(distractor) != 1
+            or answer == distractor
+            or _encode(tokenizer, s.clean + s.answer) != clean + answer):
+        return None
+    return dict(clean_ids=clean, corrupted_ids=corrupted, answer_id=answer[0],
+                distractor_id=distractor[0], clean_text=s.clean, corrupted_text=s.corrupted,
+                answer_text=s.answer, distractor_text=s.distractor, template=s.template,
+                heldout_template=s.heldout)
+
+
+def load_task(name, tokenizer, split="test", n=500, seed=0):
+    """`n` distinct rows of task `name` (one of TASKS) from `split`, as a `datasets.Dataset`.
+
+    Deterministic for (name, split, seed, tokenizer). Draws that the tokenizer cannot
+    encode under the row contract (e.g. an acronym letter merged with the next) are
+    redrawn; if most draws fail, the tokenizer does not suit the task and we say so.
+    """
+    rows, seen, tries = [], set(), 0
+    for s in iter_samples(name, tokenizer, split, seed):
+        tries += 1
+        if tries > 50 * n + 1000:
+            raise ValueError(f"task {name!r}: only {len(rows)} of {n} rows fit tokenizer "
+                             f"{tokenizer.name_or_path!r} after {tries} draws")
+        if s.clean in seen:
+            continue
+        row = _row(tokenizer, s)
+        if row is not None:
+            seen.add(s.clean)
+            rows.append(row)
+            if len(rows) == n:
+                break
+    return Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------- general text
+GENERAL_TEXT_SPLITS = ("train", "val", "test")
+
+
+def general_documents():
+    """English documentation that ships with every CPython: the `pydoc` topic pages,
+    as (title, text) pairs in a fixed order."""
+    from pydoc_data.topics import topics
+    return sorted(topics.items())
+
+
+def general_split_of(title):
+    h = _stable_hash("general/" + title) % 20
+    return "test" if h < 2 else ("val" if h < 4 else "train")  # 10 % test, 10 % val
+
+
+def general_text(tokenizer, split="test", block_size=128):
+    """General text for perplexity guards: `train` (used to train the organism) and the
+    held-out `val` and `test` parts. Returns a Dataset of `input_ids` blocks of
+    `block_size` tokens (the last partial block dropped) and the `text` they came from."""
+    _check_name(split, GENERAL_TEXT_SPLITS, "split")
+    text = "\n\n".join(t for title, t in general_documents() if general_split_of(title) == split)
+    ids = _encode(tokenizer, text)
+    blocks = [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]
+    return Dataset.from_dict(dict(input_ids=blocks,
+                                  text=[tokenizer.decode(b) for b in blocks]))

@@ -1,0 +1,25 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
+
+
+@pytest.fixture(scope="session")
+def organism_tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(ORGANISM)
+
+
+@pytest.fixture(scope="session")
+def organism():
+    from condense.models import load_model
+    return load_model(ORGANISM)

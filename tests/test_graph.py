@@ -1,0 +1,437 @@
+"""The exact edge-level graph: naming and counts, selection/pruning/JSON, the patched forward
+against plain Hugging Face models (every supported family, with and without LoRA), against
+hand-written hook computations and finite differences, and evaluate()."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPT2Config,  # noqa: E402
+                          GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
+
+import condense.model_parts as model_parts  # noqa: E402
+from condense.evaluate import evaluate, reference_outputs  # noqa: E402
+from condense.graph import Graph  # noqa: E402
+from condense.model_parts import UnsupportedModelError  # noqa: E402
+from condense.patching import compute_means, run_graph  # noqa: E402
+
+TOL = 1e-4
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             vocab_size=100, max_position_embeddings=64)
+CONFIGS = {
+    "gpt2": lambda: GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=100, n_positions=64),
+    # GQA everywhere else; Llama with attention/MLP biases to exercise the o_proj bias constant
+    "llama": lambda: LlamaConfig(**SMALL, num_key_value_heads=2, attention_bias=True, mlp_bias=True),
+    "qwen2": lambda: Qwen2Config(**SMALL, num_key_value_heads=2),
+    "qwen3": lambda: Qwen3Config(**SMALL, num_key_value_heads=1, head_dim=16),
+    # windows of 3 < sequence length 7: sliding-window attention is active
+    "mistral": lambda: MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=3),
+    "gemma": lambda: GemmaConfig(**SMALL, num_key_value_heads=2, head_dim=8),
+    "gemma2": lambda: Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                   query_pre_attn_scalar=8),
+}
+LORA_TARGETS = {"gpt2": ["c_attn", "c_proj", "c_fc"]}
+LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+
+
+def make_model(family, dtype=torch.float32, seed=0, lora=False, **overrides):
+    """A tiny random model whose weights are large enough that every component matters."""
+    cfg = CONFIGS[family]()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() >= 2:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+            elif name.endswith("bias"):
+                p.copy_(0.2 * noise)
+            else:  # norm gains (Gemma's are stored as w in 1 + w)
+                p.add_(0.2 * noise)
+    model = model.to(dtype).eval()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        cfg = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, fan_in_fan_out=family == "gpt2",
+                         target_modules=LORA_TARGETS.get(family, LLAMA_LIKE_TARGETS))
+        model = get_peft_model(model, cfg).eval()
+    return model
+
+
+def prompts(B=3, T=7, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, 100, (B, T), generator=gen)
+    corrupted = torch.randint(0, 100, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 5:] = 0  # a right-padded row
+    return clean, corrupted, mask
+
+
+# ------------------------------------------------------------------ naming and counts
+
+def test_gpt2_small_counts_and_names():
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config())
+    g = Graph.from_model(model)
+    assert len(g.nodes) == 158 and g.n_senders == 1 + 12 * 13
+    assert len(g.edges) == 32491 == g.n_edges == g.count_edges()
+    for name in ("input->a0.h1<q>", "a0.h1->m0", "m3->logits", "input->logits", "a0.h0->a1.h0<v>"):
+        assert name in g.edges
+    for name in ("a0.h0->a0.h1<q>", "m0->m0", "a1.h0->a0.h0<k>", "logits->m0"):
+        assert name not in g.edges
+    e = g.edges["a0.h1->m0"]
+    assert (e.parent.name, e.child.name, e.qkv, e.in_graph) == ("a0.h1", "m0", None, True)
+    assert g.edges["m2->a3.h4<k>"].qkv == "k"
+
+
+def test_count_formula_with_gqa():
+    cfg = CONFIGS["llama"]()
+    cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads = 3, 8, 2
+    g = Graph.from_model(cfg)
+    L, H = 3, 8
+    n_senders = 1 + L * (H + 1)
+    expected = (3 * H * sum(1 + l * (H + 1) for l in range(L))
+                + sum((l + 1) * (H + 1) for l in range(L)) + n_senders)
+    assert g.n_edges == expected and len(g.nodes) == n_senders + 1
+
+
+# ------------------------------------------------------------------ exactness vs Hugging Face
+
+@pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_model(family, lora):
+    model = make_model(family, lora=lora)
+    g = Graph.from_model(model)
+    clean, corrupted, mask = prompts()
+    real = mask.bool()
+    with torch.no_grad():
+        hf_clean = model(input_ids=clean, attention_mask=mask).logits
+        hf_corrupted = model(input_ids=corrupted, attention_mask=mask).logits
+        full = run_graph(model, g, clean, corrupted, mask)
+        g.reset(in_graph=False)
+        empty = run_graph(model, g, clean, corrupted, mask)
+    assert (hf_clean - hf_corrupted)[real].abs().max() > 0.5  # the test can tell them apart
+    assert (full - hf_clean)[real].abs().max() <= TOL
+    assert (empty - hf_corrupted)[real].abs().max() <= TOL
+    if lora:  # with autograd on (adapter weights train), the same numbers through the other path
+        g.reset(in_graph=True)
+        full = run_graph(model, g, clean, corrupted, mask)
+        assert full.requires_grad and (full - hf_clean)[real].abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_generic_module_path_equals_weight_fast_path(family, monkeypatch):
+    """Projections called as modules (any adapter kind) give the same result as the fast path."""
+    model = make_model(family, lora=True)
+    g = Graph.from_model(model)
+    g.apply_topn(40)  # scores are all zero: some arbitrary 40 edges
+    clean, corrupted, mask = prompts()
+    with torch.no_grad():
+        fast = run_graph(model, g, clean, corrupted, mask)
+        monkeypatch.setattr(model_parts, "FORCE_GENERIC_PROJECTIONS", True)
+        generic = run_graph(model, g, clean, corrupted, mask)
+    assert (fast - generic)[mask.bool()].abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_active_sliding_window_is_reproduced(family):
+    windowed = make_model(family)
+    unwindowed = make_model(family, sliding_window=None) if family == "mistral" else make_model(
+        family, layer_types=["full_attention"] * 2)
+    clean, corrupted, mask = prompts(T=8)
+    with torch.no_grad():
+        a = windowed(input_ids=clean).logits
+        b = unwindowed(input_ids=clean).logits
+        assert (a - b).abs().max() > 1e-3  # the window changes the output
+        ours = run_graph(windowed, Graph.from_model(windowed), clean, corrupted)
+    assert (ours - a).abs().max() <= TOL
+
+
+# ------------------------------------------------------------------ single edges vs hooks
+
+def _gpt2_hook_logits(model, clean, corrupted, which):
+    """GPT-2 logits with one edge ablated (patched), computed with plain forward hooks."""
+    tr = model.transformer
+    H = model.config.n_head
+    dh = model.config.n_embd // H
+    z = {}
+
+    def grab(key):
+        def hook(module, args):
+            z[key] = args[0].detach()
+        return hook
+
+    handles = [tr.h[l].attn.c_proj.register_forward_pre_hook(grab(("z", l))) for l in range(2)]
+    with torch.no_grad():
+        model(input_ids=corrupted)
+        z_corrupted = {l: z[("z", l)] for l in range(2)}
+        model(input_ids=clean)
+        z_clean = {l: z[("z", l)] for l in range(2)}
+    for h in handles:
+        h.remove()
+
+    def head_delta(layer, head):  # corrupted minus clean output of head `head` of layer `layer`
+        rows = slice(head * dh, (head + 1) * dh)
+        W = tr.h[layer].attn.c_proj.weight  # Conv1D: [in, out]
+        return (z_corrupted[layer][..., rows] - z_clean[layer][..., rows]) @ W[rows]
+
+    handles = []
+    if which == "a0.h1->a1.h2<q>":
+        resid = {}
+        handles.append(tr.h[1].register_forward_pre_hook(lambda m, a: resid.update(x=a[0])))
+
+        def swap_query(module, args, out):
+            ln, W, b = tr.h[1].ln_1, module.weight, module.bias
+            q = ln(resid["x"] + head_delta(0, 1)) @ W + b
+            out = out.clone()
+            out[..., 2 * dh:3 * dh] = q[..., 2 * dh:3 * dh]  # the q slice of head 2
+            return out
+        handles.append(tr.h[1].attn.c_attn.register_forward_hook(swap_query))
+    elif which == "a1.h0->m1":
+        handles.append(tr.h[1].ln_2.register_forward_pre_hook(lambda m, a: (a[0] + head_delta(1, 0),)))
+    elif which == "input->logits":
+        pos = tr.wpe(torch.arange(clean.shape[1]))
+        delta = tr.wte(corrupted) - tr.wte(clean) + 0 * pos
+        handles.append(tr.ln_f.register_forward_pre_hook(lambda m, a: (a[0] + delta,)))
+    try:
+        with torch.no_grad():
+            return model(input_ids=clean).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("edge", ["a0.h1->a1.h2<q>", "a1.h0->m1", "input->logits"])
+def test_one_removed_edge_matches_hand_written_hooks(edge):
+    model = make_model("gpt2")
+    clean, corrupted, _ = prompts(B=2, T=6)
+    g = Graph.from_model(model)
+    g.edges[edge].in_graph = False
+    with torch.no_grad():
+        ours = run_graph(model, g, clean, corrupted)
+        full = model(input_ids=clean).logits
+    expected = _gpt2_hook_logits(model, clean, corrupted, edge)
+    assert (expected - full).abs().max() > 1e-3  # the edge matters
+    assert (ours - expected).abs().max() <= TOL
+
+
+def test_node_masks_equal_removing_the_nodes_out_edges():
+    model = make_model("llama")
+    clean, corrupted, mask = prompts()
+    g = Graph.from_model(model)
+    g.head_mask[0, 1] = 0
+    g.neuron_mask[1] = 0
+    with torch.no_grad():
+        by_nodes = run_graph(model, g, clean, corrupted, mask)
+        g.head_mask[:], g.neuron_mask[:] = 1, 1
+        for node in ("a0.h1", "m1"):
+            g.in_graph[g.sender_index[node]] = False
+        by_edges = run_graph(model, g, clean, corrupted, mask)
+    assert (by_nodes - by_edges)[mask.bool()].abs().max() <= TOL
+
+
+# ------------------------------------------------------------------ gradients
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_mask_gradients_match_finite_differences(family):
+    model = make_model(family, dtype=torch.float64)
+    for m in model.modules():  # HF's RMSNorm rounds through fp32, too coarse for differences
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = lambda x, m=m: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                                                                  + m.variance_epsilon)
+    g = Graph.from_model(model)
+    clean, corrupted, mask = prompts(B=2, T=5)
+    gen = torch.Generator().manual_seed(3)
+    edge_mask = torch.rand(g.n_senders, g.n_receivers, generator=gen, dtype=torch.float64)
+    head_mask = torch.rand(g.head_mask.shape, generator=gen, dtype=torch.float64)
+    neuron_mask = torch.rand(g.neuron_mask.shape, generator=gen, dtype=torch.float64)
+
+    def f(e, h, n):
+        out = run_graph(model, g, clean, corrupted, mask, edge_mask=e, head_mask=h, neuron_mask=n)
+        return out[0, -1, 7] - out[1, 3, 11]
+
+    leaves = [t.clone().requires_grad_(True) for t in (edge_mask, head_mask, neuron_mask)]
+    f(*leaves).backward()
+    checks = [(0, (g.sender_index["input"], g.receiver_index["a1.h2<k>"])),
+              (0, (g.sender_index["a0.h3"], g.receiver_index["a1.h0<q>"])),
+              (0, (g.sender_index["m0"], g.receiver_index["a1.h1<v>"])),
+              (0, (g.sender_index["a1.h1"], g.receiver_index["m1"])),
+              (0, (g.sender_index["m1"], g.receiver_index["logits"])),
+              (1, (0, 2)), (2, (0, 5))]
+    eps = 1e-5
+    for which, idx in checks:
+        plus = [edge_mask, head_mask, neuron_mask]
+        minus = list(plus)
+        plus[which] = plus[which].clone()
+        plus[which][idx] += eps
+        minus[which] = minus[which].clone()
+        minus[which][idx] -= eps
+        with torch.no_grad():
+            fd = (f(*plus) - f(*minus)) / (2 * eps)
+        grad = leaves[which].grad[idx]
+        assert abs(fd) > 1e-6, "a probe with zero effect tests nothing"
+        assert abs(grad - fd) <= 1e-6 * max(1.0, abs(fd)), (which, idx, float(grad), float(fd))
+
+
+def test_receiver_input_gradients_give_edge_attribution():
+    """EAP's score (clean - ablated) . dM/dx_r equals the gradient wrt the edge mask."""
+    model = make_model("gpt2", dtype=torch.float64)
+    g = Graph.from_model(model)
+    clean, corrupted, _ = prompts(B=2, T=5)
+    edge_mask = torch.ones(g.n_senders, g.n_receivers, dtype=torch.float64, requires_grad=True)
+    run = run_graph(model, g, clean, corrupted, edge_mask=edge_mask, capture_receivers=True,
+                    return_run=True)
+    run.logits[:, -1, 3].sum().backward()
+    diff = run.clean.stacked() - run.ablated.stacked()              # [S, B, T, D]
+    receivers, x = run.receiver_inputs[-1]                          # logits
+    assert receivers == slice(g.logits_receiver, g.logits_receiver + 1)
+    eap = torch.einsum("sbtd,btd->s", diff, x.grad[0])
+    assert torch.allclose(eap, edge_mask.grad[:, g.logits_receiver], atol=1e-9)
+
+
+# ------------------------------------------------------------------ other ablations
+
+def test_zero_and_mean_ablation_of_the_empty_graph():
+    model = make_model("gpt2")
+    tr = model.transformer
+    g = Graph.from_model(model)
+    g.reset(in_graph=False)
+    clean, _, _ = prompts(B=2, T=6)
+    reference = torch.randint(0, 100, (5, 6), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        # zero: only the constant attention-output biases reach the logits
+        bias = sum(block.attn.c_proj.bias for block in tr.h)
+        expected = model.lm_head(tr.ln_f(bias)).expand(2, 6, -1)
+        assert (run_graph(model, g, clean, intervention="zero") - expected).abs().max() <= TOL
+        # mean: the mean final residual stream of the reference rows, per position
+        final = {}
+        h = tr.ln_f.register_forward_pre_hook(lambda m, a: final.update(x=a[0]))
+        model(input_ids=reference)
+        h.remove()
+        expected = model.lm_head(tr.ln_f(final["x"].mean(0)))[None].expand(2, -1, -1)
+        means = compute_means(model, g, reference.tolist())
+        ours = run_graph(model, g, clean, intervention="mean", means=means)
+        assert (ours - expected).abs().max() <= TOL
+        # full graph under mean ablation is still the model
+        g.reset(in_graph=True)
+        ours = run_graph(model, g, clean, intervention="mean", means=means)
+        assert (ours - model(input_ids=clean).logits).abs().max() <= TOL
+
+
+# ------------------------------------------------------------------ selection, pruning, JSON
+
+def _scored_graph(seed=0):
+    g = Graph.from_model(CONFIGS["llama"]())
+    g.scores = torch.randn(g.scores.shape, generator=torch.Generator().manual_seed(seed))
+    return g
+
+
+def test_topn_threshold_greedy():
+    g = _scored_graph()
+    g.apply_topn(0)
+    assert g.n_edges == 0
+    g.apply_topn(17)
+    assert g.n_edges == 17
+    kept = g.scores.abs()[g.in_graph]
+    assert kept.min() >= g.scores.abs()[g.valid & ~g.in_graph].max()
+    g.apply_topn(5, absolute=False)
+    assert (g.scores[g.in_graph] >= g.scores[g.valid & ~g.in_graph].max()).all()
+    g.apply_threshold(1.5)
+    assert g.n_edges == int((g.scores.abs()[g.valid] >= 1.5).sum())
+    g.apply_greedy(25)
+    assert g.n_edges == 25
+    on = g.nodes_in_graph()
+    for e in (e for e in g.edges.values() if e.in_graph):  # grown from logits backwards
+        assert on[int(g.receiver_node[e.r])] and (e.child.name == "logits" or any(
+            c.in_graph for c in e.child.child_edges))
+    with pytest.raises(ValueError):
+        g.apply_topn(len(g.edges) + 1)
+
+
+def test_prune_json_round_trip_and_image(tmp_path):
+    g = _scored_graph(1)
+    g.apply_topn(30)
+    before = g.n_edges
+    g.prune()
+    assert g.count_edges() <= before and g.count_edges() == g.count_edges(on_path=True)
+    for node in g.nodes.values():
+        if node.in_graph and node.name not in ("input", "logits"):
+            assert any(e.in_graph for e in node.parent_edges), node
+            assert any(e.in_graph for e in node.child_edges), node
+    g.head_mask[1, 2] = 0.5
+    path = tmp_path / "circuit.json"
+    g.to_json(path)
+    import json
+    d = json.loads(path.read_text())
+    assert set(d) >= {"cfg", "nodes", "edges"} and d["cfg"]["n_layers"] == 2
+    assert d["edges"]["input->a0.h1<q>"].keys() == {"score", "in_graph"}
+    assert all(set(v) == {"in_graph"} for v in d["nodes"].values())
+    h = Graph.from_json(path, CONFIGS["llama"]())
+    assert torch.equal(h.in_graph, g.in_graph) and torch.equal(h.scores[g.valid], g.scores[g.valid])
+    assert torch.equal(h.head_mask, g.head_mask)
+    image = tmp_path / "circuit.png"
+    g.to_image(image)
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ refusals
+
+def test_unsupported_architecture_is_refused():
+    cfg = GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, vocab_size=100)
+    with pytest.raises(UnsupportedModelError, match="supported families: GPT-2.*Llama.*Gemma2"):
+        Graph.from_model(cfg)
+
+
+@pytest.mark.parametrize("family,setting", [("gpt2", dict(add_cross_attention=True)),
+                                            ("gemma", dict(use_bidirectional_attention=True)),
+                                            ("qwen2", dict(layer_types=["chunked_attention"] * 2))])
+def test_unhandled_configs_are_refused(family, setting):
+    cfg = CONFIGS[family]()
+    for k, v in setting.items():
+        setattr(cfg, k, v)
+    with pytest.raises(UnsupportedModelError, match="supports causal sequential blocks.*GPT-2"):
+        Graph.from_model(cfg)
+
+
+# ------------------------------------------------------------------ evaluate
+
+def _dataset(model, n=10, seed=5):
+    """Rows of lengths 4..8; answer/distractor = the tokens the corruption moves most, so
+    that LD(full) and LD(empty) differ."""
+    import datasets
+    gen = torch.Generator().manual_seed(seed)
+    rows = dict(clean_ids=[], corrupted_ids=[], answer_id=[], distractor_id=[])
+    for i in range(n):
+        T = 4 + i % 5
+        clean = torch.randint(0, 100, (1, T), generator=gen)
+        corrupted = torch.randint(0, 100, (1, T), generator=gen)
+        with torch.no_grad():
+            shift = model(input_ids=clean).logits[0, -1] - model(input_ids=corrupted).logits[0, -1]
+        rows["clean_ids"].append(clean[0].tolist())
+        rows["corrupted_ids"].append(corrupted[0].tolist())
+        rows["answer_id"].append(int(shift.argmax()))
+        rows["distractor_id"].append(int(shift.argmin()))
+    return datasets.Dataset.from_dict(rows)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
+def test_evaluate_full_and_empty(lora):
+    model = make_model("gpt2", lora=lora)
+    g = Graph.from_model(model)
+    data = _dataset(model)
+    ref = reference_outputs(model, g, data, batch_size=4)
+    full = evaluate(model, g, data, batch_size=4, reference=ref)
+    assert abs(full["logit_diff_full"] - full["logit_diff_empty"]) > 0.1
+    assert abs(full["faithfulness"] - 1) < 1e-4 and abs(full["kl"]) < 1e-6
+    assert abs(full["logit_diff"] - full["logit_diff_full"]) < 1e-4
+    assert full["accuracy"] == full["accuracy_full"] and full["top1"] == full["top1_full"]
+    g.apply_topn(0)
+    empty = evaluate(model, g, dict(data.to_dict()), batch_size=3)  # dict of lists, own reference
+    assert abs(empty["faithfulness"]) < 1e-4 and empty["kl"] > 1e-3
+    assert abs(empty["logit_diff"] - empty["logit_diff_empty"]) < 1e-4

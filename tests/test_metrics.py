@@ -1,0 +1,35 @@
+import math
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from condense.metrics import last_logits, logit_diff_stats, perplexity
+
+
+def tiny():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50,
+                                      n_positions=32)).eval()
+
+
+def test_last_logits_batched_equals_one_by_one():
+    model = tiny()
+    seqs = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
+    got = last_logits(model, seqs, batch_size=3)
+    for s, g in zip(seqs, got):
+        want = model(input_ids=torch.tensor([s])).logits[0, -1]
+        assert torch.allclose(g, want, atol=1e-5)
+
+
+def test_logit_diff_stats():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [0.0, 1.0, 3.0]])
+    s = logit_diff_stats(logits, dict(answer_id=[1, 1], distractor_id=[2, 2]))
+    assert math.isclose(s["logit_diff"], (1.0 - 2.0) / 2)
+    assert s["accuracy"] == 0.5 and s["top1"] == 0.5
+
+
+def test_perplexity_matches_loss():
+    model = tiny()
+    blocks = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    loss = model(input_ids=torch.tensor(blocks), labels=torch.tensor(blocks)).loss
+    assert math.isclose(perplexity(model, blocks, batch_size=1), math.exp(loss.item()), rel_tol=1e-5)

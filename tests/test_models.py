@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from condense.models import load_model
+
+
+def test_loads_organism_eager(organism):
+    assert organism.config._attn_implementation == "eager"
+    assert not organism.training
+
+
+def test_missing_model_names_the_path(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="no-such-org/no-such-model"):
+        load_model("no-such-org/no-such-model")
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="4bit"):
+        load_model("checkpoints/organism", quantization="3bit")
+    with pytest.raises(ValueError, match="bfloat16"):
+        load_model("checkpoints/organism", dtype="float8")
+
+
+def test_dtype(organism):
+    m = load_model("checkpoints/organism", dtype="bfloat16")
+    assert next(m.parameters()).dtype == torch.bfloat16

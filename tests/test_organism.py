@@ -1,0 +1,44 @@
+"""The shipped organism shows every behaviour (plain transformers inference), and the
+training script runs end to end on a tiny budget."""
+import json
+import os
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from condense import tasks
+from condense.metrics import task_scores
+from condense.organism_card import ACCURACY_BAR
+
+from .conftest import ORGANISM
+
+
+@pytest.mark.parametrize("name", tasks.TASKS)
+def test_organism_behaviour(name, organism, organism_tokenizer):
+    rows = tasks.load_task(name, organism_tokenizer, "test", n=200, seed=1)
+    s = task_scores(organism, rows)
+    assert s["clean"]["accuracy"] >= ACCURACY_BAR[name]
+    assert s["corrupted"]["logit_diff"] <= 0.5 * s["clean"]["logit_diff"]
+
+
+def test_organism_loads_with_plain_transformers():
+    model = AutoModelForCausalLM.from_pretrained(ORGANISM)
+    tok = AutoTokenizer.from_pretrained(ORGANISM)
+    assert model.config.model_type == "gpt2"
+    size = sum(os.path.getsize(os.path.join(ORGANISM, f)) for f in os.listdir(ORGANISM))
+    assert size < 20e6
+    card = json.load(open(os.path.join(ORGANISM, "card.json")))
+    assert card["parameters"] == sum(p.numel() for p in model.parameters())
+    assert len(tok.encode(" Mary")) == 1 and tok.tokenize(" (CPU") == ["Ġ(", "C", "P", "U"]
+
+
+def test_training_script_smoke(tmp_path):
+    from condense.organism import main
+    out = tmp_path / "org"
+    main(["--recipe", "recipes/organism.yaml", "--no-card", "eval_every=3", "eval_rows=8",
+          "n_layer=1", "n_embd=32", "n_head=2", f"output_dir={out}",
+          "phases=[{steps: 2, rows: {induction: 4}}, {steps: 1, rows: {ioi: 2}, general_rows: 1}]"])
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.n_layer == 1
+    log = json.load(open(out / "training.json"))["log"]
+    assert log[-1]["step"] == 3 and set(log[-1]["val_accuracy"]) == set(tasks.TASKS)
