@@ -92,7 +92,9 @@ def ioi_head_ablation(model, rows, path):
     fig, ax = plt.subplots(figsize=(1.2 * H + 2, 0.9 * L + 1.5))
     im = ax.imshow(drop.numpy(), cmap="RdBu_r", vmin=-drop.abs().max(), vmax=drop.abs().max())
     for (layer, h), v in zip([(a, b) for a in range(L) for b in range(H)], drop.flatten()):
-        ax.text(h, layer, f"{v:.2f}", ha="center", va="center", fontsize=9)
+        dark = abs(v) > 0.6 * drop.abs().max()
+        ax.text(h, layer, f"{v:.2f}", ha="center", va="center", fontsize=9,
+                color="white" if dark else "black")
     ax.set_xticks(range(H)), ax.set_yticks(range(L))
     ax.set_xlabel("head"), ax.set_ylabel("layer")
     ax.set_title(f"IOI logit-difference drop, one head mean-ablated\n(clean LD {base:.2f})")
@@ -103,9 +105,9 @@ def ioi_head_ablation(model, rows, path):
     return base, drop
 
 
-def measure(path, out, n=500, seed=0):
+def measure(path, out_dir, n=500, seed=0):
     model, tokenizer = load_model(path), load_tokenizer(path)
-    out = dict(parameters=sum(p.numel() for p in model.parameters()), tasks={})
+    card = dict(parameters=sum(p.numel() for p in model.parameters()), tasks={})
     for name in tasks.TASKS:
         rows = tasks.load_task(name, tokenizer, "test", n=n, seed=seed)
         s = task_scores(model, rows)
@@ -118,14 +120,14 @@ def measure(path, out, n=500, seed=0):
             entry["heldout_templates_rows"] = len(held)
         entry["passes"] = bool(entry["accuracy_clean"] >= ACCURACY_BAR[name]
                                and entry["logit_diff_corrupted"] <= 0.5 * entry["logit_diff_clean"])
-        out["tasks"][name] = entry
-    out["ppl_test"] = round(perplexity(model, tasks.general_text(tokenizer, "test")["input_ids"]), 2)
-    out["ppl_val"] = round(perplexity(model, tasks.general_text(tokenizer, "val")["input_ids"]), 2)
+        card["tasks"][name] = entry
+    card["ppl_test"] = round(perplexity(model, tasks.general_text(tokenizer, "test")["input_ids"]), 2)
+    card["ppl_val"] = round(perplexity(model, tasks.general_text(tokenizer, "val")["input_ids"]), 2)
     ioi = tasks.load_task("ioi", tokenizer, "test", n=n, seed=seed)
-    base, drop = ioi_head_ablation(model, ioi, os.path.join(out, "ioi_head_ablation.png"))
-    out["ioi_head_ablation"] = dict(clean_logit_diff=round(base, 4),
+    base, drop = ioi_head_ablation(model, ioi, os.path.join(out_dir, "ioi_head_ablation.png"))
+    card["ioi_head_ablation"] = dict(clean_logit_diff=round(base, 4),
                                     drop=[[round(v, 3) for v in r] for r in drop.tolist()])
-    return out
+    return card
 
 
 def render(card, info):
@@ -138,7 +140,7 @@ def render(card, info):
          "last position).\n",
          f"- parameters: {card['parameters']:,}",
          f"- training: {info.get('steps', '?')} steps, {info.get('train_seconds', 0) / 60:.1f} "
-         f"min on {info.get('threads', '?')} CPU threads",
+         f"min on {info.get('threads', '?')} CPU thread(s) (wall clock, `training.json`)",
          f"- held-out general-text perplexity (pydoc topics, test part): {card['ppl_test']}"
          f" (val part: {card['ppl_val']})\n",
          "| task | accuracy (clean) | LD clean | top-1 clean | accuracy (corrupted) | LD corrupted | passes |",
