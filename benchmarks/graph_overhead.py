@@ -5,14 +5,14 @@
 For the organism and a GPT-2-small-shaped model with random weights (batch 8, 32 tokens):
 wall time of `run_graph` with every edge on under patching (which runs the corrupted prompt
 too) against plain forwards over the same clean and corrupted prompts, and the peak extra
-memory of each, measured in a fresh subprocess as the growth of the peak resident set.
+memory of each, measured in a fresh subprocess (a thread samples the resident set every
+millisecond during the call; peak minus the level just before).
 Then `evaluate` on 200 organism IOI rows against plain forwards over the same prompts.
 Times are ratios within one run: the machine is shared and noisy.
 """
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -38,6 +38,30 @@ def inputs(model, batch=8, tokens=32):
     return torch.randint(V, (batch, tokens), generator=g), torch.randint(V, (batch, tokens), generator=g)
 
 
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_during(fn):
+    """Peak resident-set growth (MiB) while `fn` runs, sampled every millisecond."""
+    import threading
+    base, peak, done = _rss_mib(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib() - base)
+            time.sleep(0.001)
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        t.join()
+    return max(peak[0], _rss_mib() - base)
+
+
 def run_one(which, kind):
     """Runs once in a subprocess: peak RSS growth (MiB) of one call of `kind`."""
     from condense.graph import Graph
@@ -48,29 +72,32 @@ def run_one(which, kind):
     with torch.no_grad():
         model(input_ids=clean[:1, :4])  # warm up allocators and lazy imports
         run_graph(model, graph, clean[:1, :4], corrupted[:1, :4])
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if kind == "plain":
-            model(input_ids=clean), model(input_ids=corrupted)
+            mib = peak_during(lambda: (model(input_ids=clean), model(input_ids=corrupted)))
         else:
-            run_graph(model, graph, clean, corrupted)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps(dict(peak_mib=(after - before) / 1024)))
+            mib = peak_during(lambda: run_graph(model, graph, clean, corrupted))
+    print(json.dumps(dict(peak_mib=mib)))
 
 
 def peak(which, kind):
-    out = subprocess.run([sys.executable, __file__, "--one", which, kind], capture_output=True,
+    out = subprocess.run([sys.executable, __file__, "--one", which, kind, "--threads", "1"],
+                         capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
-def timed(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def timed(fns, repeats):
+    """Median wall time of each function, calls interleaved so that load from other
+    processes falls on all of them alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]  # median
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [sorted(ts)[len(ts) // 2] for ts in times]
 
 
 @torch.no_grad()
@@ -80,8 +107,8 @@ def forward_costs(which, repeats):
     model = build(which)
     graph = Graph.from_model(model)
     clean, corrupted = inputs(model)
-    plain = timed(lambda: (model(input_ids=clean), model(input_ids=corrupted)), repeats)
-    patched = timed(lambda: run_graph(model, graph, clean, corrupted), repeats)
+    plain, patched = timed([lambda: (model(input_ids=clean), model(input_ids=corrupted)),
+                            lambda: run_graph(model, graph, clean, corrupted)], repeats)
     return dict(model=which, edges=graph.n_edges if hasattr(graph, "n_edges") else None,
                 plain_clean_plus_corrupted_s=plain, run_graph_s=patched, time_ratio=patched / plain,
                 plain_peak_mib=peak(which, "plain"), run_graph_peak_mib=peak(which, "graph"))
@@ -98,11 +125,11 @@ def evaluate_cost(repeats):
     rows = tasks.load_task("ioi", load_tokenizer(os.path.join(ROOT, "checkpoints", "organism")),
                            "test", n=200)
     graph = Graph.from_model(model)
-    plain = timed(lambda: (last_logits(model, rows["clean_ids"], 32),
-                           last_logits(model, rows["corrupted_ids"], 32)), repeats)
     ref = reference_outputs(model, graph, rows)
-    circuit_only = timed(lambda: evaluate(model, graph, rows, reference=ref), repeats)
-    whole = timed(lambda: evaluate(model, graph, rows), max(3, repeats // 4))
+    plain, circuit_only, whole = timed([
+        lambda: (last_logits(model, rows["clean_ids"], 32), last_logits(model, rows["corrupted_ids"], 32)),
+        lambda: evaluate(model, graph, rows, reference=ref),
+        lambda: evaluate(model, graph, rows)], repeats)
     return dict(rows=200, plain_clean_plus_corrupted_s=plain, evaluate_s=whole,
                 evaluate_ratio=whole / plain, evaluate_with_reference_s=circuit_only,
                 evaluate_with_reference_ratio=circuit_only / plain)
@@ -112,9 +139,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest)")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.one:
         return run_one(*args.one)
     out = dict(forward=[forward_costs(w, args.repeats) for w in ("organism", "gpt2-small-shape")],
