@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from condense.evaluate import evaluate, reference_outputs
-from condense.graph import _atomic_write
+from condense.artifacts import atomic_write
 
 MIB_PERCENTS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
 
@@ -162,5 +162,5 @@ def plot_curve(curve, path, title=None):
         ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
     plt.close(fig)

@@ -12,13 +12,12 @@ ones by default; condense.patching mixes clean and ablated values with them.
 """
 import heapq
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 
 import torch
 
+from condense.artifacts import atomic_write
 from condense.model_parts import model_shape
 
 QKV = "qkv"
@@ -205,7 +204,7 @@ class Graph:
             d["edges"][f"{self.sender_names[s]}->{self.receiver_names[r]}"] = {"score": sc, "in_graph": f}
         if not (bool((self.head_mask == 1).all()) and bool((self.neuron_mask == 1).all())):
             d["node_masks"] = {"heads": self.head_mask.tolist(), "neurons": self.neuron_mask.tolist()}
-        _atomic_write(path, lambda f: json.dump(d, f))
+        atomic_write(path, lambda f: json.dump(d, f))
 
     @classmethod
     def from_json(cls, path, model):
@@ -250,20 +249,6 @@ class Graph:
     def __repr__(self):
         return (f"Graph({self.cfg['model_type']}, {self.n_layers} layers x {self.n_heads} heads, "
                 f"{self.n_edges}/{int(self.valid.sum())} edges in graph)")
-
-
-def _atomic_write(path, write, mode="w"):
-    """Write to a temporary file beside `path`, then rename: a kill never leaves half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ---------------------------------------------------------------- lightweight views
@@ -478,7 +463,7 @@ def _draw_matplotlib(graph, path):
     ax.set_axis_off()
     ax.set_title(f"{graph.count_edges()} edges")
     fig.tight_layout()
-    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
     plt.close(fig)
 
 
@@ -498,5 +483,5 @@ def _draw_graphviz(graph, path, graphviz):
         dot.edge(graph.node_names[e.s], graph.node_names[int(graph.receiver_node[e.r])],
                  penwidth=f"{w:.2f}", color=_QKV_COLORS[e.qkv])
     data = dot.pipe(format="png")
-    _atomic_write(path, lambda f: f.write(data), "wb")
+    atomic_write(path, data)
 

@@ -163,7 +163,7 @@ def model_parts(model):
     hf = unwrap_model(model)
     shape = model_shape(hf)
     cfg = hf.config
-    H, dh = shape.n_heads, shape.head_dim
+    H = shape.n_heads
     heads = torch.arange(H)
     windows = sliding_windows(cfg)
     layers = []

@@ -1,0 +1,36 @@
+"""Atomic writes of run artifacts (DESIGN.md §6): write a temporary file beside the target,
+then rename it over the target, so a killed run never leaves half a file behind."""
+import json
+import os
+import tempfile
+
+
+def atomic_write(path, data, mode=None):
+    """Write `data` to `path` atomically. `data` is a str, bytes, or a function taking the
+    open file (e.g. `lambda f: fig.savefig(f, format="png")`); `mode` defaults to "w" for
+    str and functions and "wb" for bytes."""
+    if mode is None:
+        mode = "wb" if isinstance(data, (bytes, bytearray)) else "w"
+    write = data if callable(data) else (lambda f: f.write(data))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path, obj):
+    atomic_write(path, json.dumps(obj, indent=1) + "\n")

@@ -1,0 +1,388 @@
+"""Verifiers for small circuits (DESIGN.md §7): exhaustive subsets and pairwise ablation.
+
+    python -m condense.verify checkpoints/<run> [--max-edges 20] [--tau 0.05] [--split test]
+                              [--n 200] [--threshold F] [--model M] [--task T] ...
+
+Reads the run's `circuit.json` and `recipe.yaml` (model, task, intervention,
+faithfulness_threshold, seed; flags override them), loads the model with the run's adapter
+when the folder has one, and on `--n` rows of `--split`:
+- exhaustive subsets: every subset of the circuit's n in-graph edges (2^n, so n is limited to
+  --max-edges, checked before anything loads) is judged by the run's faithfulness rule,
+  f(S) = (LD(S) - LD(∅)) / (LD(full) - LD(∅)) >= threshold on the mean logit difference;
+  reported: the minimal faithful subsets (faithful, no proper subset faithful), whether the
+  circuit is irreducible (no proper subset faithful), faithful subsets per size;
+- pairwise ablation: with m the mean logit difference, Δi = m(C∖{i}) - m(C) and
+  Δij = m(C∖{i,j}) - m(C); the pair interacts when |Δij - Δi - Δj| > τ·|m(C) - m(∅)|;
+  reported: every pair, interaction partners per edge and their median.
+Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
+`verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
+indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
+Subsets are evaluated many per pass by condense.subsets.SubsetEvaluator.
+"""
+import argparse
+import io
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+DEFAULT_MAX_EDGES = 20
+MAX_LISTED = 10000  # minimal faithful subsets written out by name (all are counted)
+
+
+class CircuitTooLarge(ValueError):
+    """A circuit with more edges than exhaustive verification is allowed to enumerate."""
+
+
+def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
+    if n_edges > max_edges:
+        raise CircuitTooLarge(
+            f"the circuit has {n_edges} in-graph edges; exhaustive verification evaluates all "
+            f"2^n subsets and is limited to {max_edges} edges (--max-edges {max_edges}). Raise the "
+            f"limit with --max-edges {n_edges} (each edge doubles the work: 2^{n_edges} = "
+            f"{2 ** n_edges:,} subsets) or verify a smaller circuit.")
+
+
+def count_circuit_edges(path):
+    """In-graph edges of a MIB circuit.json, read without a model."""
+    with open(path) as f:
+        return sum(1 for e in json.load(f)["edges"].values() if e.get("in_graph"))
+
+
+# ---------------------------------------------------------------- analysis of a subset table
+
+def subset_sizes(n):
+    """Number of edges in each subset id 0 .. 2^n - 1."""
+    ids = torch.arange(2 ** n)
+    return ((ids[:, None] >> torch.arange(n)) & 1).sum(1) if n else torch.zeros(1, dtype=torch.long)
+
+
+def proper_subset_faithful(faithful, n):
+    """Bool [2^n]: some proper subset of the subset is faithful (sum over subsets, bit by bit)."""
+    below = faithful.clone()                 # after the loop: some subset (itself included)
+    for i in range(n):
+        view = below.view(-1, 2, 2 ** i)
+        view[:, 1] |= view[:, 0]
+    proper = torch.zeros_like(faithful)
+    for i in range(n):                       # drop one present edge, any subset of the rest
+        p, b = proper.view(-1, 2, 2 ** i), below.view(-1, 2, 2 ** i)
+        p[:, 1] |= b[:, 0]
+    return proper
+
+
+def pair_interactions(ld, n, tau):
+    """Pairwise ablation from the mean logit difference `ld` [2^n] of every subset id."""
+    full = 2 ** n - 1
+    m_c, m_empty = float(ld[full]), float(ld[0])
+    scale = abs(m_c - m_empty)
+    delta = [float(ld[full ^ (1 << i)]) - m_c for i in range(n)]
+    pairs, partners = [], [0] * n
+    for i in range(n):
+        for j in range(i + 1, n):
+            d_ij = float(ld[full ^ (1 << i) ^ (1 << j)]) - m_c
+            interaction = d_ij - delta[i] - delta[j]
+            interacts = abs(interaction) > tau * scale
+            if interacts:
+                partners[i] += 1
+                partners[j] += 1
+            pairs.append(dict(i=i, j=j, delta_i=delta[i], delta_j=delta[j], delta_ij=d_ij,
+                              interaction=interaction, interacts=bool(interacts)))
+    return dict(m_circuit=m_c, m_empty=m_empty, scale=scale, delta=delta, pairs=pairs,
+                partners=partners)
+
+
+def _median(values):
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def analyse(ld, names, ld_full, ld_empty, threshold, tau):
+    """Report (a dict for verify.json) and the per-subset faithfulness, from the mean logit
+    difference `ld` [2^n] of every subset id and the reference LD(full), LD(∅)."""
+    n = len(names)
+    denom = ld_full - ld_empty
+    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
+    faithful = f >= threshold
+    proper = proper_subset_faithful(faithful, n)
+    minimal = faithful & ~proper
+    sizes = subset_sizes(n)
+    full = 2 ** n - 1
+    ids = torch.nonzero(minimal).flatten()
+    order = sorted(ids.tolist(), key=lambda k: (int(sizes[k]), -float(f[k])))
+    listed = order[:MAX_LISTED]
+    by_size = {}
+    for k in range(n + 1):
+        vals = f[sizes == k]
+        ok = vals[~torch.isnan(vals)]
+        by_size[str(k)] = dict(
+            subsets=math.comb(n, k), faithful=int(faithful[sizes == k].sum()),
+            min=float(ok.min()) if len(ok) else None, median=float(ok.median()) if len(ok) else None,
+            max=float(ok.max()) if len(ok) else None)
+    pairs = pair_interactions(ld, n, tau)
+    for p in pairs["pairs"]:
+        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
+    report = dict(
+        n_edges=n, edges=names, threshold=threshold, tau=tau,
+        logit_diff_full_model=ld_full, logit_diff_empty=ld_empty,
+        logit_diff_circuit=float(ld[full]), faithfulness_circuit=float(f[full]),
+        circuit_faithful=bool(faithful[full]),
+        irreducible=not bool(proper[full]),
+        n_faithful_subsets=int(faithful.sum()),
+        n_minimal_faithful_subsets=len(order),
+        minimal_faithful_subsets=[[names[i] for i in range(n) if k >> i & 1] for k in listed],
+        minimal_faithful_faithfulness=[float(f[k]) for k in listed],
+        minimal_faithful_listed_all=len(order) <= MAX_LISTED,
+        faithful_subset_sizes={k: v["faithful"] for k, v in by_size.items()},
+        faithfulness_by_size=by_size,
+        pairs=pairs["pairs"],
+        pair_scale=pairs["scale"],
+        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
+        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
+        partners_median=_median(pairs["partners"]),
+    )
+    return report, f, minimal
+
+
+def verify_circuit(model, graph, dataset, *, intervention="patching", means=None, threshold=0.9,
+                   tau=0.05, batch_size=32, method="auto", max_edges=DEFAULT_MAX_EDGES, progress=None):
+    """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
+    Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n])."""
+    from condense.evaluate import reference_outputs
+    from condense.subsets import SubsetEvaluator
+
+    check_size(graph.n_edges, max_edges)
+    evaluator = SubsetEvaluator(model, graph, dataset, intervention, means=means,
+                                batch_size=batch_size, method=method)
+    start = time.perf_counter()
+    reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
+    cols_answer = torch.tensor([int(a) for a in dataset["answer_id"]])
+    cols_distractor = torch.tensor([int(d) for d in dataset["distractor_id"]])
+    full = reference.full_logits
+    ld_full = float((full.gather(1, cols_answer[:, None]) - full.gather(1, cols_distractor[:, None])).mean())
+    ld_empty = float(reference.empty_logit_diff.mean())
+    reference_s = time.perf_counter() - start
+
+    n = evaluator.n_edges
+    start = time.perf_counter()
+    ld = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress)
+    subsets_s = time.perf_counter() - start
+    start = time.perf_counter()
+    report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, threshold, tau)
+    report.update(
+        intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
+        n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
+        bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
+    report["timing"] = dict(reference_s=reference_s, subsets_s=subsets_s,
+                            analysis_s=time.perf_counter() - start,
+                            subsets_per_s=2 ** n / subsets_s,
+                            subset_prompts_per_s=2 ** n * evaluator.n_rows / subsets_s)
+    return report, f, minimal
+
+
+# ---------------------------------------------------------------- pictures
+
+def _save(fig, path):
+    from condense.artifacts import atomic_write
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, buf.getvalue())
+
+
+def plot_subsets(path, f, minimal, n, threshold, title=""):
+    """Faithfulness against subset size: a box per size, a sample of subsets as dots, the
+    minimal faithful subsets as red stars, the threshold as a dashed line."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    sizes = subset_sizes(n)
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * (n + 1) + 2), 4.5))
+    groups = [f[sizes == k] for k in range(n + 1)]
+    groups = [g[~torch.isnan(g)].numpy() for g in groups]
+    ax.boxplot(groups, positions=list(range(n + 1)), widths=0.6, showfliers=False)
+    gen = torch.Generator().manual_seed(0)
+    sample = torch.randperm(len(f), generator=gen)[:20000]
+    jitter = (torch.rand(len(sample), generator=gen) - 0.5) * 0.5
+    ax.scatter((sizes[sample] + jitter).numpy(), f[sample].numpy(), s=3, alpha=0.25, color="tab:blue",
+               label="subsets" + (" (sample of 20,000)" if len(f) > 20000 else ""))
+    idx = torch.nonzero(minimal).flatten()
+    if len(idx):
+        ax.scatter(sizes[idx].numpy(), f[idx].numpy(), marker="*", s=60, color="tab:red", zorder=3,
+                   label=f"minimal faithful ({len(idx)})")
+    ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
+    ax.set_xlabel("edges in the subset")
+    ax.set_ylabel("faithfulness f(S)")
+    ax.set_title(title or f"all {2 ** n:,} subsets of a {n}-edge circuit", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_pairs(path, report):
+    """Heatmap of (Δij - Δi - Δj) / |m(C) - m(∅)|; interacting pairs are boxed."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    n, names, scale = report["n_edges"], report["edges"], report["pair_scale"] or 1.0
+    if n < 2:
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.text(0.5, 0.5, f"{n} edge(s): no pairs", ha="center", va="center")
+        ax.set_axis_off()
+        _save(fig, path)
+        plt.close(fig)
+        return
+    grid = torch.full((n, n), math.nan)
+    for p in report["pairs"]:
+        grid[p["i"], p["j"]] = grid[p["j"], p["i"]] = p["interaction"] / scale
+    top = max(float(grid[~torch.isnan(grid)].abs().max()), report["tau"])
+    side = max(5, 0.32 * n + 3)
+    fig, ax = plt.subplots(figsize=(side + 1.5, side))
+    im = ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
+    for p in report["pairs"]:
+        if p["interacts"]:
+            for a, b in ((p["i"], p["j"]), (p["j"], p["i"])):
+                ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=1.2, ec="black"))
+    labels = [f"{nm} ({report['partners'][nm]})" for nm in names]
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=6)
+    ax.set_yticks(range(n), labels, fontsize=6)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="(Δij − Δi − Δj) / |m(C) − m(∅)|")
+    ax.set_title(f"pairwise ablation: {report['n_interacting_pairs']} of {len(report['pairs'])} pairs "
+                 f"interact (boxed, τ = {report['tau']:g})\nlabels: edge (interaction partners); "
+                 f"median partners {report['partners_median']}", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- a run folder
+
+def _read_recipe(run_dir):
+    import yaml
+    path = os.path.join(run_dir, "recipe.yaml")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
+               batch_size=None, threshold=None, model=None, task=None, intervention=None,
+               method="auto", device=None, dtype=None, out_dir=None, progress=True):
+    """Verify `run_dir`'s circuit.json (see the module docstring); returns the report."""
+    from condense import tasks
+    from condense.artifacts import atomic_write, write_json
+    from condense.graph import Graph
+    from condense.models import load_model, load_tokenizer
+    from condense.patching import compute_means
+    from condense.subsets import Progress
+
+    begin = time.perf_counter()
+    circuit_path = os.path.join(run_dir, "circuit.json")
+    if not os.path.exists(circuit_path):
+        raise FileNotFoundError(f"{run_dir}: no circuit.json to verify")
+    check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
+    recipe = _read_recipe(run_dir)
+    model_path = model or recipe.get("model") or "checkpoints/organism"
+    task = task or recipe.get("task")
+    if task is None:
+        raise ValueError(f"{run_dir}/recipe.yaml names no task; pass --task")
+    intervention = intervention or recipe.get("intervention") or "patching"
+    threshold = threshold if threshold is not None else float(recipe.get("faithfulness_threshold", 0.9))
+    batch_size = batch_size or int(recipe.get("batch_size", 32))
+    seed = int(recipe.get("seed", 0))
+    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
+    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
+    if adapter:
+        from peft import PeftModel
+        net = PeftModel.from_pretrained(base, run_dir).eval()
+    else:
+        net = base
+    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
+    rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
+    graph = Graph.from_json(circuit_path, net)
+    means = None
+    if intervention == "mean":  # as the runs do: sender means over the task's train prompts
+        train = tasks.load_task(task, tokenizer, "train", n=int(recipe.get("n_train", 200)), seed=seed)
+        means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
+    load_s = time.perf_counter() - begin
+
+    show = Progress(f"verify {graph.n_edges} edges") if progress else None
+    report, f, minimal = verify_circuit(
+        net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
+        batch_size=batch_size, method=method, max_edges=max_edges, progress=show)
+    report = dict(run_dir=run_dir, model=model_path, adapter=adapter, task=task, split=split,
+                  seed=seed, device=str(device), **report)
+    report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
+
+    out = out_dir or run_dir
+    os.makedirs(out, exist_ok=True)
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, f.numpy().astype("float32"))
+    atomic_write(os.path.join(out, "verify_faithfulness.npy"), buf.getvalue())
+    plot_subsets(os.path.join(out, "verify_subsets.png"), f, minimal, report["n_edges"], threshold,
+                 title=f"{os.path.basename(os.path.normpath(run_dir))}: {task} {split}, "
+                       f"{report['n_rows']} rows, {intervention}")
+    plot_pairs(os.path.join(out, "verify_pairs.png"), report)
+    write_json(os.path.join(out, "verify.json"), report)
+    return report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python -m condense.verify",
+        description="Exhaustive-subset and pairwise-ablation verification of a run's circuit.json "
+                    "(DESIGN.md §7); writes verify.json and pictures into the run folder.")
+    ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
+    ap.add_argument("--max-edges", type=int, default=DEFAULT_MAX_EDGES,
+                    help="largest circuit to enumerate (2^n subsets); default %(default)s")
+    ap.add_argument("--tau", type=float, default=0.05, help="pair interaction tolerance τ")
+    ap.add_argument("--split", default="test", choices=("train", "val", "test"))
+    ap.add_argument("--n", type=int, default=200, help="task rows")
+    ap.add_argument("--batch-size", type=int, default=None, help="prompts per pass (recipe's)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="faithfulness threshold (recipe's faithfulness_threshold, else 0.9)")
+    ap.add_argument("--model", default=None, help="base model (recipe's model)")
+    ap.add_argument("--task", default=None, help="task (recipe's task)")
+    ap.add_argument("--intervention", default=None, choices=("patching", "mean", "zero"),
+                    help="ablation (recipe's intervention, else patching)")
+    ap.add_argument("--method", default="auto", choices=("auto", "sparse", "dense"),
+                    help="subset evaluation (condense.subsets); auto = sparse where it applies")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--out", default=None, help="write here instead of the run folder")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        report = verify_run(args.run_dir, max_edges=args.max_edges, tau=args.tau, split=args.split,
+                            n=args.n, batch_size=args.batch_size, threshold=args.threshold,
+                            model=args.model, task=args.task, intervention=args.intervention,
+                            method=args.method, device=args.device, dtype=args.dtype,
+                            out_dir=args.out)
+    except CircuitTooLarge as e:
+        print(f"condense.verify: {e}", file=sys.stderr)
+        return 2
+    print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}; "
+          f"{'irreducible' if report['irreducible'] else 'reducible'}; "
+          f"{report['n_minimal_faithful_subsets']} minimal faithful subsets; "
+          f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median partners "
+          f"{report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
+          f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
