@@ -17,6 +17,8 @@ from condense.graph import Graph  # noqa: E402
 from condense.metrics import pad_batch  # noqa: E402
 from condense.patching import compute_means, run_graph  # noqa: E402
 
+from .tiny import randomize_weights  # noqa: E402
+
 VOCAB = 60
 
 
@@ -36,17 +38,7 @@ def tiny_gpt2(seed=0, n_head=2, n_embd=16, scale=1.0, dtype=torch.float32, lora=
                      bos_token_id=0, eos_token_id=0)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() >= 2:
-                p.copy_(scale * noise / p.shape[-1] ** 0.5)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            else:  # LayerNorm gains
-                p.add_(0.2 * noise)
-    model = model.to(dtype).eval()
+    model = randomize_weights(model, seed, scale).to(dtype).eval()
     if lora:
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,

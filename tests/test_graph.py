@@ -17,6 +17,8 @@ from condense.graph import Graph  # noqa: E402
 from condense.model_parts import UnsupportedModelError  # noqa: E402
 from condense.patching import compute_means, run_graph  # noqa: E402
 
+from .tiny import randomize_weights  # noqa: E402
+
 TOL = 1e-4
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              vocab_size=100, max_position_embeddings=64)
@@ -43,17 +45,7 @@ def make_model(family, dtype=torch.float32, seed=0, lora=False, **overrides):
     for k, v in overrides.items():
         setattr(cfg, k, v)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() >= 2:
-                p.copy_(noise / p.shape[-1] ** 0.5)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            else:  # norm gains (Gemma's are stored as w in 1 + w)
-                p.add_(0.2 * noise)
+    model = randomize_weights(AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), seed)
     model = model.to(dtype).eval()
     if lora:
         from peft import LoraConfig, get_peft_model

@@ -18,6 +18,8 @@ from condense.patching import compute_means
 from condense.subsets import SubsetEvaluator, subset_masks
 from condense.verify import CircuitTooLarge, analyse, main, verify_circuit, verify_run
 
+from .tiny import randomize_weights
+
 TOL = 1e-4
 
 
@@ -50,24 +52,9 @@ MIXED_CIRCUIT = ["input->a0.h0<q>", "input->a0.h1<k>", "input->m0", "a0.h1->m0",
                  "input->a1.h0<q>"]
 
 
-def large_weights(model, seed=0):
-    """Weights large enough that every component matters (HF's init makes most edges ~0)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() >= 2:
-                p.copy_(noise / p.shape[-1] ** 0.5)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            else:
-                p.add_(0.2 * noise)
-    return model.eval()
-
-
 def random_model(family, lora=False, seed=0):
     torch.manual_seed(seed)  # LoRA's random init
-    model = large_weights(AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager"),
+    model = randomize_weights(AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager"),
                           seed)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -298,7 +285,7 @@ def test_oversize_circuit_refused_before_loading(tmp_path, capsys):
 def test_cli_end_to_end(tmp_path, organism_tokenizer, with_adapter):
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=len(organism_tokenizer), n_positions=128)
     torch.manual_seed(0)
-    base = large_weights(GPT2LMHeadModel(cfg))
+    base = randomize_weights(GPT2LMHeadModel(cfg))
     model_dir = tmp_path / "model"
     base.save_pretrained(model_dir)
     organism_tokenizer.save_pretrained(model_dir)
