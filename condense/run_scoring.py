@@ -1,0 +1,134 @@
+"""One-shot edge scoring as a run of condense/train.py: rank every edge once, then find the
+smallest faithful top-n circuit (DESIGN.md §4, §6).
+
+Splits have one job each, so that no reported number is measured on the data that chose it:
+- `train` ranks the edges (attribute);
+- `val` draws the MIB curves (CPR, CMD) and searches the smallest faithful circuit;
+- `test` gives the final numbers of that circuit.
+
+Artifacts in the run's output_dir (each written atomically; metrics.json last, so its
+presence means the run finished): circuit.json (MIB format, every edge's score, in_graph =
+the circuit found), circuit.png, curve.png, metrics.json. recipe.yaml is written by train.py.
+"""
+import time
+
+import torch
+
+from condense import tasks
+from condense.artifacts import write_json
+from condense.attribute import METHODS, attribute
+from condense.curves import cpr_cmd, plot_curve, smallest_faithful
+from condense.evaluate import evaluate, reference_outputs
+from condense.graph import Graph
+from condense.models import load_model, load_tokenizer
+from condense.patching import compute_means
+
+SPLITS = ("train", "val", "test")
+# recipe method -> condense.attribute method; `eap_ig` is EAP-IG on the inputs (DESIGN.md §5)
+ATTRIBUTION_METHOD = {"eap_ig": "eap_ig_inputs", **{m: m for m in METHODS}}
+
+
+def log(msg):
+    print(f"[condense] {msg}", flush=True)
+
+
+def load_model_and_rows(cfg, device):
+    """The model (eval mode, on `device`), its tokenizer and the task rows of every split."""
+    model = load_model(cfg.model, dtype=cfg.dtype, device=device)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    sizes = dict(train=cfg.n_train, val=cfg.n_val, test=cfg.n_test)
+    rows = {split: tasks.load_task(cfg.task, tokenizer, split, n=sizes[split], seed=cfg.seed)
+            for split in SPLITS}
+    return model, tokenizer, rows
+
+
+def ablation_means(model, graph, rows, cfg):
+    """Reference means for intervention='mean': sender outputs averaged over the clean
+    prompts of the train split (the ranking data), reused on val and test."""
+    if cfg.intervention != "mean":
+        return None
+    return compute_means(model, graph, rows["train"]["clean_ids"], batch_size=cfg.batch_size)
+
+
+def rank_edges(model, graph, rows, cfg, method, means, progress=True):
+    """Score every edge of `graph` with attribution `method` on `rows`; returns seconds."""
+    start = time.perf_counter()
+    attribute(model, graph, rows, method, ig_steps=cfg.ig_steps, intervention=cfg.intervention,
+              metric=cfg.metric, batch_size=cfg.batch_size, seed=cfg.seed, means=means,
+              progress=progress, gp_step=cfg.gp_step)
+    return time.perf_counter() - start
+
+
+def search_circuit(model, graph, rows, cfg, means):
+    """MIB curves and the smallest faithful top-n circuit of `graph`'s scores on `rows`.
+    Returns (curves from cpr_cmd, FaithfulCircuit, curve seconds, search seconds)."""
+    kw = dict(intervention=cfg.intervention, batch_size=cfg.batch_size, means=means)
+    reference = reference_outputs(model, graph, rows, **kw)  # shared by every circuit below
+    start = time.perf_counter()
+    curves = cpr_cmd(model, graph, rows, reference=reference, **kw)
+    curve_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    found = smallest_faithful(model, graph, rows, threshold=cfg.faithfulness_threshold,
+                              absolute=cfg.absolute_scores, reference=reference, **kw)
+    return curves, found, curve_seconds, time.perf_counter() - start
+
+
+def _curve_points(curve):
+    return dict(percent=[100 * f for f in curve.fractions], n=curve.n, edges=curve.edges,
+                faithfulness=curve.faithfulness)
+
+
+def score_once(cfg, accelerator, output_dir):
+    """The whole one-shot run; returns metrics.json's contents. Runs on the main process
+    only: ranking a small model is not worth sharding, and the other processes of an
+    `accelerate launch` wait for it in train.py."""
+    attribution_method = ATTRIBUTION_METHOD[cfg.method]
+    device = torch.device(cfg.device) if cfg.device else accelerator.device
+    model, _, rows = load_model_and_rows(cfg, device)
+    log(f"{cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in SPLITS)} rows; model {cfg.model} "
+        f"on {device}")
+    graph = Graph.from_model(model)
+    means = ablation_means(model, graph, rows, cfg)
+
+    rank_seconds = rank_edges(model, graph, rows["train"], cfg, attribution_method, means)
+    log(f"ranked {graph.n_edges} edges with {attribution_method} in {rank_seconds:.1f}s")
+    curves, found, curve_seconds, search_seconds = search_circuit(model, graph, rows["val"], cfg, means)
+    log(f"val: CPR {curves['cpr']:.3f}, CMD {curves['cmd']:.3f}; smallest faithful (f >= "
+        f"{cfg.faithfulness_threshold}): n={found.n}, {found.edges} edges, f={found.faithfulness:.3f}")
+
+    if found.graph is not None:
+        circuit = found.graph
+    else:  # not even the full graph is faithful on val: report the full graph, flagged
+        circuit = graph.copy()
+        circuit.reset(in_graph=True)
+        circuit.prune()
+    test = evaluate(model, circuit, rows["test"], intervention=cfg.intervention,
+                    batch_size=cfg.batch_size, means=means)
+    edges = circuit.count_edges(on_path=True)
+    log(f"test: {edges} edges, faithfulness {test['faithfulness']:.3f}, accuracy "
+        f"{test['accuracy']:.3f} (full model {test['accuracy_full']:.3f})")
+
+    metrics = dict(
+        method=cfg.method, attribution_method=attribution_method, task=cfg.task, model=cfg.model,
+        intervention=cfg.intervention, metric=cfg.metric, ig_steps=cfg.ig_steps,
+        edges=edges, n_requested=found.n, total_edges=int(graph.valid.sum()),
+        faithful_on_val=found.graph is not None, faithfulness_threshold=cfg.faithfulness_threshold,
+        faithfulness_val=found.faithfulness,
+        faithfulness=test["faithfulness"], accuracy=test["accuracy"], top1=test["top1"],
+        logit_diff=test["logit_diff"], kl=test["kl"],
+        accuracy_full=test["accuracy_full"], logit_diff_full=test["logit_diff_full"],
+        logit_diff_empty=test["logit_diff_empty"],
+        cpr=curves["cpr"], cmd=curves["cmd"],
+        rank_seconds=rank_seconds, curve_seconds=curve_seconds, search_seconds=search_seconds,
+        n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
+        curve_signed=_curve_points(curves["signed"]), curve_absolute=_curve_points(curves["absolute"]),
+        search_evaluated={str(n): dict(faithfulness=f, edges=e)
+                          for n, (f, e) in sorted(found.evaluated.items())})
+
+    circuit.to_json(f"{output_dir}/circuit.json")
+    circuit.to_image(f"{output_dir}/circuit.png")
+    plot_curve({"signed scores": curves["signed"], "|scores|": curves["absolute"]},
+               f"{output_dir}/curve.png",
+               title=f"{cfg.method} on {cfg.task} (val): faithfulness of top-n circuits")
+    write_json(f"{output_dir}/metrics.json", metrics)
+    return metrics

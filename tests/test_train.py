@@ -1,0 +1,148 @@
+"""The run entry point condense/train.py with one-shot edge scorers: a recipe run end to end on
+a tiny random GPT-2 (artifacts, circuit.json against metrics.json), the checks that fail
+before a model loads, key=value overrides, and the shipped recipes."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from condense import run_scoring, train
+from condense.config import RecipeError
+from condense.graph import Graph
+
+from .conftest import ORGANISM
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer random GPT-2 saved with the organism's tokenizer (tasks need its words)."""
+    if not os.path.exists(os.path.join(ORGANISM, "tokenizer.json")):
+        pytest.skip("needs the organism's tokenizer in checkpoints/organism")
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(ORGANISM, name)):
+            shutil.copy(os.path.join(ORGANISM, name), folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tokenizer),
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return str(folder)
+
+
+def write_recipe(folder, **keys):
+    path = os.path.join(folder, "recipe_under_test.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(keys, f)
+    return path
+
+
+def small_recipe(folder, model, **keys):
+    return write_recipe(folder, model=model, task="ioi", n_train=8, n_val=8, n_test=8,
+                        batch_size=8, **keys)
+
+
+def test_recipe_run_writes_artifacts(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    recipe = small_recipe(tmp_path, tiny_model_dir, method="eap")
+    # the override replaces the recipe's method, and output_dir goes where we say
+    metrics = train.main(["--recipe", recipe, "method=eap_ig", "ig_steps=2", f"output_dir={out}"])
+    for name in ("circuit.json", "recipe.yaml", "metrics.json", "circuit.png", "curve.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert not glob.glob(str(out / "*.tmp")) and not glob.glob(str(out / ".*.tmp"))
+    with open(out / "metrics.json") as f:
+        saved = json.load(f)
+    assert saved == json.loads(json.dumps(metrics))
+    assert saved["method"] == "eap_ig" and saved["attribution_method"] == "eap_ig_inputs"
+    assert saved["n_train"] == saved["n_val"] == saved["n_test"] == 8
+    for key in ("faithfulness", "accuracy", "logit_diff", "kl", "cpr", "cmd", "rank_seconds",
+                "search_seconds", "n_requested"):
+        assert key in saved, key
+
+    model = GPT2LMHeadModel.from_pretrained(tiny_model_dir)
+    graph = Graph.from_json(out / "circuit.json", model)
+    assert graph.count_edges() == graph.count_edges(on_path=True) == saved["edges"]
+    assert bool(graph.scores.abs().sum() > 0)  # every edge's score is kept, not only the circuit's
+
+    # recipe.yaml is the fully resolved recipe: it starts with the command that reruns it and
+    # parses back into the same config
+    with open(out / "recipe.yaml") as f:
+        first = f.readline()
+    assert first.strip() == f"# accelerate launch condense/train.py --recipe {out}/recipe.yaml"
+    again = train.load_config(str(out / "recipe.yaml"))
+    assert again.method == "eap_ig" and again.ig_steps == 2 and again.output_dir == str(out)
+
+
+def test_unknown_key_fails_before_any_model_loads(tmp_path, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(run_scoring, "load_model", no_loading)
+    recipe = small_recipe(tmp_path, "no/such/model", method="eap", learning_rat=0.1)
+    with pytest.raises(RecipeError) as e:
+        train.main(["--recipe", recipe])
+    message = str(e.value)
+    assert "learning_rat" in message and "allowed keys" in message
+    assert all(k in message for k in ("method", "task", "ig_steps", "faithfulness_threshold"))
+    with pytest.raises(RecipeError, match="n_train"):  # a wrong type, from an override
+        train.main(["--recipe", small_recipe(tmp_path, "no/such/model"), "n_train=many"])
+
+
+def test_unknown_method_names_the_valid_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_scoring, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    recipe = small_recipe(tmp_path, "no/such/model", method="eap_ig")
+    with pytest.raises(RecipeError) as e:
+        train.main(["--recipe", recipe, "method=acdc"])
+    message = str(e.value)
+    assert "acdc" in message
+    assert all(m in message for m in ("eap", "eap_ig", "eap_ig_activations", "eap_gp", "random"))
+    for key, value in (("task", "sorting"), ("intervention", "resample"), ("report_to", "mlflow")):
+        with pytest.raises(RecipeError, match=key):
+            train.main(["--recipe", recipe, f"{key}={value}"])
+
+
+def test_overrides_and_default_output_dir(tmp_path):
+    recipe = small_recipe(tmp_path, "some/model", method="eap")
+    cfg = train.load_config(recipe, ["n_val=3", "faithfulness_threshold=0.8", "report_to=wandb"])
+    assert (cfg.n_val, cfg.faithfulness_threshold, cfg.report_to) == (3, 0.8, "wandb")
+    assert cfg.output_dir == os.path.join("checkpoints", "eap_recipe_under_test")
+    assert train.load_config(recipe, ["method=random"]).output_dir.endswith("random_recipe_under_test")
+
+
+def test_shipped_recipes_parse_and_name_their_command():
+    paths = sorted(glob.glob(os.path.join(ROOT, "recipes", "*", "*.yaml")))
+    assert len(paths) >= 37
+    for path in paths:
+        rel = os.path.relpath(path, ROOT)
+        with open(path) as f:
+            assert f.readline().strip() == f"# accelerate launch condense/train.py --recipe {rel}"
+        cfg = train.load_config(path)
+        assert cfg.method in train.RUNNERS and cfg.output_dir
+
+
+def test_runs_by_path_under_accelerate_launch(tiny_model_dir, tmp_path):
+    """accelerate runs the script by path (no package), which must still import condense."""
+    out = tmp_path / "launched"
+    recipe = small_recipe(tmp_path, tiny_model_dir, method="random")
+    env = dict(os.environ, PYTHONPATH="", WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           os.path.join(ROOT, "accelerate_configs", "cpu.yaml"),
+           os.path.join(ROOT, "condense", "train.py"), "--recipe", recipe, f"output_dir={out}",
+           "threads=1"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(out / "metrics.json") as f:
+        assert json.load(f)["method"] == "random"
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "condense", "train.py"), "--recipe",
+                          recipe, "method=acdc"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode != 0 and "valid: " in bad.stderr and "eap_ig" in bad.stderr
