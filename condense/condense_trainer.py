@@ -1,0 +1,450 @@
+"""Condensation (DESIGN.md §5) as a run of condense/train.py: rank -> prune -> heal -> gate.
+
+Each round:
+1. rank: EAP-IG (inputs, `ig_steps`) with the current adapter on the train rows; only the
+   surviving (accepted-circuit) edges' scores count (attribution itself linearises the full
+   graph, the scores of pruned edges are ignored);
+2. prune: drop the lowest `cut` fraction of the surviving edges by |score|, then
+   Graph.prune() drops edges left off every input -> logits path;
+3. heal (`heal=true`): `heal_steps` AdamW steps on the LoRA parameters only (base frozen),
+   loss = KL(original model on clean || circuit model with adapter) at the **last position**
+   of each prompt (where the task metric is read), pruned edges ablated by patching with
+   the same model+adapter in the same step (the corrupted run is detached);
+4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
+   val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
+   / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text
+   (split `val`). A round whose heal loss turns NaN/inf is rejected (logged).
+On rejection the last accepted adapter and circuit are restored and the cut halves (at
+least `min_prune_fraction`); a rejected cut at that floor, or `max_rounds`, ends the run.
+C1 = the last accepted circuit. `heal=false` gives C0; `prune=false` heals the full graph
+once, then ranks with EAP-IG and reports the smallest faithful circuit (curves.smallest_faithful).
+
+Determinism and resume: every random draw of a round comes from a generator seeded with
+(seed, round), data order is fixed, so no RNG state has to be carried between rounds. After
+every round `state/` gets the accepted adapter and circuit (files named by round), then
+`state/state.json` (round counter, current cut, accepted files, per-round log, seeds) is
+renamed into place last: a kill at any moment leaves a consistent state, and rerunning the
+same command continues from it and ends with the same circuit as an uninterrupted run.
+
+Runs on the main process only (like run_scoring): the organism is too small to shard.
+"""
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from condense import tasks
+from condense.artifacts import atomic_write, write_json
+from condense.attribute import attribute
+from condense.curves import smallest_faithful
+from condense.evaluate import EvalReference, dataset_columns, evaluate, reference_outputs
+from condense.graph import Graph
+from condense.metrics import pad_batch, perplexity
+from condense.model_parts import model_shape
+from condense.patching import run_graph
+from condense.run_scoring import load_model_and_rows
+
+# residual-stream writers per model family (attention output and MLP down projections)
+LORA_TARGETS = {"gpt2": ["c_proj"]}
+DEFAULT_LORA_TARGETS = ["o_proj", "down_proj"]
+STATE_FILE = "state.json"
+
+
+class HealDiverged(RuntimeError):
+    """The heal loss or the adapter became NaN/inf: the round is rejected."""
+
+
+def log(msg):
+    print(f"[condense] {msg}", flush=True)
+
+
+def lora_targets(cfg, model):
+    if cfg.lora_targets:
+        return list(cfg.lora_targets)
+    return LORA_TARGETS.get(model_shape(model).model_type, DEFAULT_LORA_TARGETS)
+
+
+def add_adapter(model, cfg):
+    """A fresh LoRA on every residual-stream writer; base weights frozen."""
+    from peft import LoraConfig, get_peft_model
+    targets = lora_targets(cfg, model)
+    gpt2 = model_shape(model).model_type == "gpt2"
+    torch.manual_seed(cfg.seed)  # LoRA A init
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=targets,
+                        lora_dropout=0.0, bias="none", fan_in_fan_out=gpt2)
+    peft_model = get_peft_model(model, config)
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return peft_model.eval()
+
+
+def adapter_state(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
+
+
+def load_adapter_state(model, state):
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, v in state.items():
+            params[k].copy_(v)
+
+
+def _round_seed(cfg, rnd):
+    return int(cfg.seed) * 100003 + int(rnd)
+
+
+# ------------------------------------------------------------------ original model outputs
+@torch.no_grad()
+def last_logprobs(model, rows, batch_size):
+    """Original model's last-position log-probs [N, V] on the clean prompts (heal target)."""
+    cols, n = dataset_columns(rows)
+    device = next(model.parameters()).device
+    out = [None] * n
+    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        ids, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
+        lp = F.log_softmax(last.float(), -1).cpu()
+        for j, i in enumerate(idx):
+            out[i] = lp[j]
+    return torch.stack(out)
+
+
+# ------------------------------------------------------------------ the four phases
+def rank(model, graph, rows, cfg, progress=True):
+    """EAP-IG scores into graph.scores; pruned (not in_graph) edges' scores set to 0."""
+    scores = attribute(model, graph, rows, "eap_ig_inputs", ig_steps=cfg.ig_steps,
+                       intervention=cfg.intervention, metric=cfg.metric,
+                       batch_size=cfg.batch_size, seed=cfg.seed, progress=progress)
+    graph.scores = scores.masked_fill(~(graph.in_graph & graph.valid), 0.0)
+    return graph
+
+
+def cut_edges(graph, fraction):
+    """A copy of `graph` without the lowest `fraction` of its surviving edges by |score|."""
+    g = graph.copy()
+    alive = g.in_graph & g.valid
+    n_alive = int(alive.sum())
+    n_drop = min(n_alive, max(1, int(round(fraction * n_alive))))
+    ranked = g.scores.abs().masked_fill(~alive, float("inf")).flatten()
+    # stable order: ties broken by edge position, so runs are reproducible
+    order = torch.sort(ranked, stable=True).indices[:n_drop]
+    flat = g.in_graph.flatten().clone()
+    flat[order] = False
+    g.in_graph = flat.view_as(g.in_graph) & g.valid
+    g.prune()
+    return g
+
+
+def heal_loss(model, graph, cols, idx, target_logp, cfg):
+    device = next(model.parameters()).device
+    clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+    corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+    logits = run_graph(model, graph, clean.to(device), corrupted.to(device), mask.to(device),
+                       intervention=cfg.intervention, logit_positions=(lengths - 1).to(device))
+    logp = F.log_softmax(logits.float(), -1)
+    target = target_logp[idx].to(device)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
+def heal(model, graph, rows, target_logp, cfg, rnd, progress=True):
+    """`heal_steps` AdamW steps on the LoRA parameters; raises HealDiverged on NaN/inf."""
+    cols, n = dataset_columns(rows)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.heal_lr)
+    gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
+    bs = min(cfg.heal_batch_size, n)
+    model.train()
+    losses = []
+    try:
+        bar = tqdm(range(cfg.heal_steps), desc=f"heal round {rnd}", disable=not progress)
+        for step in bar:
+            idx = torch.randperm(n, generator=gen)[:bs].tolist()
+            loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
+            if not torch.isfinite(loss):
+                raise HealDiverged(f"heal loss {loss.item()} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if not all(torch.isfinite(p).all() for p in params):
+                raise HealDiverged(f"adapter weights not finite after step {step}")
+            losses.append(loss.item())
+            if step % 10 == 0:
+                bar.set_postfix(kl=f"{loss.item():.4f}")
+        bar.close()
+    finally:
+        model.eval()
+    return losses
+
+
+class Gate:
+    """Held-out checks against the original model (DESIGN.md §5)."""
+
+    def __init__(self, model, graph, rows_val, blocks, cfg):
+        self.rows, self.blocks, self.cfg = rows_val, blocks, cfg
+        self.reference = reference_outputs(model, graph, rows_val, cfg.intervention, cfg.batch_size)
+        cols, n = dataset_columns(rows_val)
+        ans = torch.tensor([int(a) for a in cols["answer_id"]])
+        dis = torch.tensor([int(a) for a in cols["distractor_id"]])
+        full = self.reference.full_logits
+        ld = full.gather(1, ans[:, None])[:, 0] - full.gather(1, dis[:, None])[:, 0]
+        self.accuracy_original = (ld > 0).float().mean().item()
+        self.ppl_original = perplexity(model, blocks, cfg.batch_size) if blocks else math.nan
+
+    def __call__(self, model, circuit):
+        cfg = self.cfg
+        m = circuit_metrics(model, circuit, self.rows, self.reference, cfg)
+        ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
+        ratio = ppl / self.ppl_original if self.blocks else 1.0
+        ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol
+        ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
+        return ok_acc and ok_ppl, dict(accuracy=m["accuracy"], ppl_ratio=ratio, kl=m["kl"],
+                                       faithfulness=m["faithfulness"], gate_accuracy=ok_acc,
+                                       gate_ppl=ok_ppl)
+
+
+def circuit_metrics(model, circuit, rows, original_ref, cfg):
+    """evaluate() against the ORIGINAL model: KL and faithfulness use the original full
+    logits; the empty circuit is the current model's (adapter included)."""
+    own = reference_outputs(model, circuit, rows, cfg.intervention, cfg.batch_size)
+    ref = EvalReference(original_ref.full_logits, own.empty_logit_diff, cfg.intervention)
+    m = evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref)
+    m["top1_agreement"] = top1_agreement(model, circuit, rows, original_ref.full_logits, cfg)
+    return m
+
+
+@torch.no_grad()
+def top1_agreement(model, circuit, rows, original_logits, cfg):
+    cols, n = dataset_columns(rows)
+    device = next(model.parameters()).device
+    agree = 0
+    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
+    was = model.training
+    model.eval()
+    for start in range(0, n, cfg.batch_size):
+        idx = order[start:start + cfg.batch_size]
+        clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+        corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+        logits = run_graph(model, circuit, clean.to(device), corrupted.to(device), mask.to(device),
+                           intervention=cfg.intervention, logit_positions=(lengths - 1).to(device))
+        agree += int((logits.float().argmax(-1).cpu() == original_logits[idx].argmax(-1)).sum())
+    model.train(was)
+    return agree / n
+
+
+# ------------------------------------------------------------------ state (resume)
+def _save_state(out, model, circuit, state):
+    from safetensors.torch import save
+    sdir = os.path.join(out, "state")
+    os.makedirs(sdir, exist_ok=True)
+    tag = f"r{state['accepted_round']:04d}"
+    adapter_file, circuit_file = f"adapter_{tag}.safetensors", f"circuit_{tag}.json"
+    if not os.path.exists(os.path.join(sdir, adapter_file)):
+        atomic_write(os.path.join(sdir, adapter_file),
+                     save({k: v.contiguous().cpu() for k, v in adapter_state(model).items()}))
+        circuit.to_json(os.path.join(sdir, circuit_file))
+    state = dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
+    write_json(os.path.join(sdir, STATE_FILE), state)  # last: commits the round
+    for f in os.listdir(sdir):  # older accepted states are no longer referenced
+        if f.startswith(("adapter_r", "circuit_r")) and f not in (adapter_file, circuit_file):
+            os.unlink(os.path.join(sdir, f))
+    return state
+
+
+def _load_state(out, model, peft_model, cfg):
+    from safetensors.torch import load_file
+    path = os.path.join(out, "state", STATE_FILE)
+    if not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        state = json.load(f)
+    if state.get("fingerprint") != _fingerprint(cfg):
+        raise RuntimeError(f"{path} was written by a different recipe; remove {out}/state to "
+                           f"start over")
+    load_adapter_state(peft_model, load_file(os.path.join(out, "state", state["adapter_file"])))
+    circuit = Graph.from_json(os.path.join(out, "state", state["circuit_file"]), model)
+    return state, circuit
+
+
+RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "intervention", "metric",
+               "heal", "prune", "prune_fraction", "min_prune_fraction", "heal_steps", "heal_lr",
+               "heal_batch_size", "lora_rank", "lora_alpha", "lora_targets",
+               "gate_accuracy_tol", "gate_ppl_ratio", "n_general")
+
+
+def _fingerprint(cfg):
+    return {k: getattr(cfg, k) for k in RESUME_KEYS}
+
+
+# ------------------------------------------------------------------ pictures
+def plot_rounds(rounds, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    r = [x["round"] for x in rounds]
+    ax.plot(r, [x["edges"] for x in rounds], "o-", color="tab:blue", label="edges")
+    for x in rounds:
+        if not x["accepted"]:
+            ax.plot(x["round"], x["edges"], "x", color="red", ms=9)
+    ax.set_yscale("log")
+    ax.set_xlabel("round (x = rejected)")
+    ax.set_ylabel("edges", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(r, [x["accuracy"] for x in rounds], "s--", color="tab:green")
+    ax2.set_ylabel("val accuracy", color="tab:green")
+    ax2.set_ylim(0, 1.05)
+    ax.set_title(title)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
+    plt.close(fig)
+
+
+def _wandb_log(accelerator, cfg, record):
+    if cfg.report_to == "wandb":
+        accelerator.log({f"round/{k}": v for k, v in record.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                        step=record["round"])
+
+
+# ------------------------------------------------------------------ the runner
+def run_condense(cfg, accelerator, output_dir):
+    start_time = time.perf_counter()
+    out = output_dir
+    device = torch.device(cfg.device) if cfg.device else accelerator.device
+    model, tokenizer, rows = load_model_and_rows(cfg, device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    blocks = list(tasks.general_text(tokenizer, "val")["input_ids"])[:cfg.n_general]
+    log(f"condense {cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in rows)} rows, "
+        f"{len(blocks)} general-text blocks; heal={cfg.heal} prune={cfg.prune}; {cfg.model} on {device}")
+
+    full = Graph.from_model(model)
+    # the original model's outputs, before any adapter exists
+    target_logp = last_logprobs(model, rows["train"], cfg.batch_size) if cfg.heal else None
+    gate = Gate(model, full, rows["val"], blocks, cfg)
+    test_ref = reference_outputs(model, full, rows["test"], cfg.intervention, cfg.batch_size)
+    log(f"original model: val accuracy {gate.accuracy_original:.3f}, general-text ppl "
+        f"{gate.ppl_original:.2f}")
+
+    peft_model = add_adapter(model, cfg)
+    state, circuit = _load_state(out, model, peft_model, cfg)
+    if state is None:
+        circuit = full.copy()
+        circuit.reset(in_graph=True)
+        state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
+                     fingerprint=_fingerprint(cfg),
+                     seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
+        state = _save_state(out, peft_model, circuit, state)
+    else:
+        log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
+            f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
+
+    max_rounds = cfg.max_rounds if cfg.prune else 1
+    while not state["done"] and state["round"] < max_rounds:
+        rnd = state["round"] + 1
+        t0 = time.perf_counter()
+        torch.manual_seed(_round_seed(cfg, rnd))
+        cut = state["cut"] if cfg.prune else 0.0
+        if cfg.prune:
+            rank(peft_model, circuit, rows["train"], cfg)
+            candidate = cut_edges(circuit, cut)
+        else:
+            candidate = circuit.copy()
+        accepted_adapter = adapter_state(peft_model)
+        note, losses = "", []
+        try:
+            if cfg.heal:
+                losses = heal(peft_model, candidate, rows["train"], target_logp, cfg, rnd)
+            ok, g = gate(peft_model, candidate)
+        except HealDiverged as e:
+            note = f"heal diverged: {e}"
+            log(f"round {rnd}: {note}; rejected")
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan)
+        record = dict(round=rnd, cut=cut, accepted=bool(ok),
+                      edges=candidate.count_edges(on_path=True), accuracy=g["accuracy"],
+                      ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      heal_loss=losses[-1] if losses else None, note=note,
+                      time=time.perf_counter() - t0)
+        log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
+            f"{record['accuracy']:.3f} (original {gate.accuracy_original:.3f}), ppl ratio "
+            f"{record['ppl_ratio']:.4f}: {'accepted' if ok else 'rejected'}")
+        _wandb_log(accelerator, cfg, record)
+        state["rounds"].append(record)
+        state["round"] = rnd
+        if ok:
+            circuit = candidate
+            state["accepted_round"] = rnd
+            if circuit.count_edges(on_path=True) <= 1:
+                state["done"] = True
+        else:
+            load_adapter_state(peft_model, accepted_adapter)
+            if not cfg.prune or cut <= cfg.min_prune_fraction + 1e-12:
+                state["done"] = True
+            else:
+                state["cut"] = max(cut / 2, cfg.min_prune_fraction)
+        state = _save_state(out, peft_model, circuit, state)
+        _write_rounds(out, state["rounds"])
+
+    # final artifacts: reload the committed state so a resumed run ends identically
+    state, circuit = _load_state(out, model, peft_model, cfg)
+    extra = {}
+    if not cfg.prune:  # heal-only control: rank the healed model, smallest faithful circuit
+        rank(peft_model, circuit, rows["train"], cfg)
+        found = smallest_faithful(peft_model, circuit, rows["val"], cfg.faithfulness_threshold,
+                                  absolute=cfg.absolute_scores, intervention=cfg.intervention,
+                                  batch_size=cfg.batch_size)
+        if found.graph is not None:
+            circuit = found.graph
+        extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
+    test = circuit_metrics(peft_model, circuit, rows["test"], test_ref, cfg)
+    ppl = perplexity(peft_model, blocks, cfg.batch_size) if blocks else math.nan
+    accepted = [r for r in state["rounds"] if r["accepted"]]
+    metrics = dict(
+        method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
+        edges=circuit.count_edges(on_path=True), total_edges=int(full.valid.sum()),
+        accuracy=test["accuracy"], accuracy_original=test["accuracy_full"], top1=test["top1"],
+        top1_agreement=test["top1_agreement"], logit_diff=test["logit_diff"],
+        logit_diff_original=test["logit_diff_full"], faithfulness=test["faithfulness"],
+        kl=test["kl"], ppl_ratio=ppl / gate.ppl_original if blocks else math.nan,
+        ppl=ppl, ppl_original=gate.ppl_original, accuracy_original_val=gate.accuracy_original,
+        rounds=state["round"], accepted_rounds=len(accepted),
+        wall_seconds=time.perf_counter() - start_time,
+        n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
+        n_general=len(blocks), **extra)
+    log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
+        f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
+        f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
+
+    save_adapter(peft_model, out)
+    circuit.to_json(os.path.join(out, "circuit.json"))
+    circuit.to_image(os.path.join(out, "circuit.png"))
+    _write_rounds(out, state["rounds"])
+    if state["rounds"]:
+        plot_rounds(state["rounds"], os.path.join(out, "rounds.png"),
+                    f"condense {cfg.task}: edges and val accuracy per round")
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    return metrics
+
+
+def save_adapter(peft_model, out):
+    """peft's save_pretrained into a scratch folder, then each file renamed into `out`."""
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp(dir=out, prefix=".adapter-")
+    try:
+        peft_model.save_pretrained(tmp)
+        for name in sorted(os.listdir(tmp)):
+            os.replace(os.path.join(tmp, name), os.path.join(out, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_rounds(out, rounds):
+    atomic_write(os.path.join(out, "rounds.jsonl"), "".join(json.dumps(r) + "\n" for r in rounds))

@@ -1,0 +1,196 @@
+"""The condensation trainer (DESIGN.md §5, §6) end to end on a tiny random GPT-2."""
+import json
+import os
+
+import pytest
+import torch
+
+from condense import condense_trainer
+from condense.config import RecipeError
+
+ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    tok = AutoTokenizer.from_pretrained(ORGANISM)
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=len(tok),
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def _recipe(tmp_path, model, **over):
+    data = dict(method="condense", model=model, task="ioi", n_train=8, n_val=8, n_test=8,
+                ig_steps=1, batch_size=8, heal_steps=3, heal_batch_size=4, heal_lr=1e-3,
+                lora_rank=2, lora_alpha=4, n_general=2, max_rounds=3, threads=1,
+                gate_accuracy_tol=1.0, gate_ppl_ratio=10.0, report_to="none")
+    data.update(over)
+    path = tmp_path / "recipe.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _run(recipe, *overrides):
+    from condense.train import load_config, run
+    return run(load_config(recipe, list(overrides)))
+
+
+def _rounds(out):
+    with open(os.path.join(out, "rounds.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _edges(out):
+    with open(os.path.join(out, "circuit.json")) as f:
+        return sorted(k for k, e in json.load(f)["edges"].items() if e["in_graph"])
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("full")
+    out = str(tmp / "out")
+    metrics = _run(_recipe(tmp, tiny_model), f"output_dir={out}")
+    return out, metrics
+
+
+def test_run_writes_artifacts(full_run, tiny_model):
+    out, metrics = full_run
+    for name in ("adapter_config.json", "adapter_model.safetensors", "circuit.json", "recipe.yaml",
+                 "metrics.json", "rounds.jsonl", "circuit.png", "rounds.png", "state/state.json"):
+        assert os.path.exists(os.path.join(out, name)), name
+    rounds = _rounds(out)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(r["accepted"] for r in rounds)
+    assert rounds[0]["edges"] > rounds[-1]["edges"] == metrics["edges"]
+    for key in ("edges", "accuracy", "logit_diff", "faithfulness", "kl", "top1_agreement",
+                "ppl_ratio", "wall_seconds"):
+        assert key in metrics
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp") or f.startswith(".adapter-")]
+
+
+def test_adapter_reloads_and_reproduces_accuracy(full_run, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from condense import tasks
+    from condense.evaluate import evaluate
+    from condense.graph import Graph
+    out, metrics = full_run
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager")
+    model = PeftModel.from_pretrained(base, out).eval()
+    circuit = Graph.from_json(os.path.join(out, "circuit.json"), model)
+    rows = tasks.load_task("ioi", AutoTokenizer.from_pretrained(tiny_model), "test", n=8, seed=0)
+    m = evaluate(model, circuit, rows, batch_size=8)
+    assert m["accuracy"] == pytest.approx(metrics["accuracy"], abs=1e-6)
+    assert circuit.count_edges(on_path=True) == metrics["edges"]
+
+
+def test_base_weights_unchanged(tiny_model, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+    before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items()}
+    seen = {}
+    real = condense_trainer.add_adapter
+
+    def spy(model, cfg):
+        seen["model"] = model
+        return real(model, cfg)
+    monkeypatch.setattr(condense_trainer, "add_adapter", spy)
+    _run(_recipe(tmp_path, tiny_model, max_rounds=1), f"output_dir={tmp_path / 'out'}")
+    after = seen["model"].state_dict()
+    for k, v in before.items():
+        key = k if k in after else next(a for a in after if a.endswith(k.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")))
+        assert torch.equal(after[key], v), k
+
+
+def test_rejected_cut_halves_and_rolls_back(tiny_model, tmp_path):
+    out = str(tmp_path / "out")
+    metrics = _run(_recipe(tmp_path, tiny_model, gate_ppl_ratio=1e-6, max_rounds=10), f"output_dir={out}")
+    rounds = _rounds(out)
+    assert [r["cut"] for r in rounds] == [0.3, 0.15, 0.075, 0.05]
+    assert not any(r["accepted"] for r in rounds)
+    assert metrics["edges"] == metrics["total_edges"]  # nothing accepted: the full graph
+    assert metrics["ppl_ratio"] == pytest.approx(1.0, abs=1e-5)  # adapter rolled back to init (B = 0)
+
+
+def test_nan_in_heal_rejects_round(tiny_model, tmp_path, monkeypatch):
+    real = condense_trainer.heal_loss
+    calls = {"n": 0}
+
+    def nan_once(*a, **k):
+        calls["n"] += 1
+        loss = real(*a, **k)
+        return loss * float("nan") if calls["n"] == 2 else loss
+    monkeypatch.setattr(condense_trainer, "heal_loss", nan_once)
+    out = str(tmp_path / "out")
+    _run(_recipe(tmp_path, tiny_model, max_rounds=2), f"output_dir={out}")
+    rounds = _rounds(out)
+    assert not rounds[0]["accepted"] and "diverged" in rounds[0]["note"]
+    assert rounds[1]["cut"] == 0.15 and rounds[1]["accepted"]
+
+
+def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
+    out_full, _ = full_run
+    out = str(tmp_path / "out")
+    recipe = _recipe(tmp_path, tiny_model)
+    real = condense_trainer.rank
+    calls = {"n": 0}
+
+    def crash_in_round_2(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(condense_trainer, "rank", crash_in_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        _run(recipe, f"output_dir={out}")
+    assert not os.path.exists(os.path.join(out, "metrics.json"))
+    with open(os.path.join(out, "state", "state.json")) as f:
+        assert json.load(f)["round"] == 1
+    monkeypatch.setattr(condense_trainer, "rank", real)
+    _run(recipe, f"output_dir={out}")
+    assert [r["round"] for r in _rounds(out)] == [1, 2, 3]
+    assert _edges(out) == _edges(out_full)
+
+
+def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
+    import condense.run_scoring as rs
+
+    def boom(*a, **k):
+        raise AssertionError("model loaded")
+    monkeypatch.setattr(rs, "load_model_and_rows", boom)
+    monkeypatch.setattr(condense_trainer, "load_model_and_rows", boom)
+    with pytest.raises(RecipeError, match="heal_stepz"):
+        _run(_recipe(tmp_path, "nowhere", heal_stepz=3))
+    with pytest.raises(RecipeError, match="heal_steps"):
+        _run(_recipe(tmp_path, "nowhere"), "heal_steps=abc")
+
+
+def test_recipes_parse():
+    from condense.train import load_config
+    folder = os.path.join(os.path.dirname(__file__), "..", "recipes", "condense")
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        with open(path) as f:
+            first = f.readline()
+        assert first.startswith("# accelerate launch condense/train.py --recipe recipes/condense/" + name)
+        assert load_config(path).method == "condense"
+
+
+def test_controls_c0_and_heal_only(tiny_model, tmp_path):
+    out0 = str(tmp_path / "c0")
+    m0 = _run(_recipe(tmp_path, tiny_model, max_rounds=2), "heal=false", f"output_dir={out0}")
+    assert m0["heal"] is False and m0["edges"] < m0["total_edges"]
+    assert m0["ppl_ratio"] == pytest.approx(1.0, abs=1e-5)  # no heal: the adapter stays the identity
+    out1 = str(tmp_path / "heal_only")
+    m1 = _run(_recipe(tmp_path, tiny_model, faithfulness_threshold=0.5), "prune=false",
+              f"output_dir={out1}")
+    rounds = _rounds(out1)
+    assert len(rounds) == 1 and rounds[0]["cut"] == 0.0
+    assert rounds[0]["edges"] == m1["total_edges"]
+    assert "faithful_on_val" in m1 and m1["edges"] <= m1["total_edges"]
