@@ -86,7 +86,7 @@ class _MixSenders(torch.autograd.Function):
         return (grad_base, grad_m, *grad_diffs)
 
 
-def _block_slices(graph):
+def block_slices(graph):
     """Sender slices per block: input, a0, m0, a1, m1, ..."""
     out = [slice(0, 1)]
     for l in range(graph.n_layers):
@@ -94,7 +94,7 @@ def _block_slices(graph):
     return out
 
 
-def _attention_masks(attention_mask, B, T, windows, dtype, device):
+def attention_masks(attention_mask, B, T, windows, dtype, device):
     """Additive masks [B, 1, T, T] per sliding window (None = full causal), as HF builds them."""
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(T, device=device)[None, :]
@@ -119,17 +119,17 @@ def _attend(parts, lp, q, k, v, rotary, mask):
     if lp.softcap is not None:
         scores = torch.tanh(scores / lp.softcap) * lp.softcap
     # softmax in at least fp32, as HF's eager attention (fp64 stays fp64 for gradient checks)
-    probs = torch.softmax(scores + mask, dim=-1, dtype=_at_least_fp32(q.dtype)).to(q.dtype)
+    probs = torch.softmax(scores + mask, dim=-1, dtype=at_least_fp32(q.dtype)).to(q.dtype)
     return torch.matmul(probs, v).transpose(1, 2)
 
 
-def _at_least_fp32(dtype):
+def at_least_fp32(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
 def _gemma2_head_outputs(norm, out, const):
     """Split Gemma2's post-attention RMSNorm(sum_h out_h + const) exactly into per-head shares."""
-    wide = _at_least_fp32(out.dtype)  # Gemma2RMSNorm computes in fp32
+    wide = at_least_fp32(out.dtype)  # Gemma2RMSNorm computes in fp32
     total = (out.sum(2) + (0 if const is None else const)).to(wide)
     inv_rms = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + norm.eps)[:, :, None]
     share = out.to(wide) + (0 if const is None else const.to(wide) / out.shape[2])
@@ -152,7 +152,7 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
     patched = ablated is not None
     x_in = parts.embed(ids)
     dtype, device = x_in.dtype, x_in.device
-    masks = _attention_masks(attention_mask, B, T, [lp.sliding_window for lp in parts.layers], dtype, device)
+    masks = attention_masks(attention_mask, B, T, [lp.sliding_window for lp in parts.layers], dtype, device)
     rotary = None
     if parts.rotary is not None:
         rotary = parts.rotary(x_in, torch.arange(T, device=device)[None])
@@ -295,7 +295,7 @@ def ablated_values(parts, graph, intervention, shape, corrupted_ids=None, attent
 def zero_values(parts, graph, like):
     D, H, dh = parts.shape.d_model, parts.shape.n_heads, parts.shape.head_dim
     z = like.new_zeros
-    blocks = [z(sl.stop - sl.start, 1, 1, D) for sl in _block_slices(graph)]
+    blocks = [z(sl.stop - sl.start, 1, 1, D) for sl in block_slices(graph)]
     L = parts.shape.n_layers
     return SenderValues(blocks, [z(1, 1, H, dh)] * L, [z(1, 1, parts.shape.d_mlp)] * L)
 
@@ -326,7 +326,7 @@ class SenderMeans:
                 rows.append(row)
             tensors = tuple(torch.stack(col, 1) for col in zip(*rows))  # [S|L, B, T, ...]
         senders, z, hidden = tensors
-        blocks = [senders[sl] for sl in _block_slices(graph)]
+        blocks = [senders[sl] for sl in block_slices(graph)]
         return SenderValues(blocks, list(z), list(hidden))
 
 
@@ -334,7 +334,7 @@ class SenderMeans:
 def compute_means(model, graph, sequences, batch_size=32, per_position=True):
     """Mean sender outputs of the plain model over `sequences` (lists of token ids)."""
     from condense.metrics import pad_batch
-    parts = _checked_parts(model, graph)
+    parts = checked_parts(model, graph)
     device = next(model.parameters()).device
     sums, counts, total, n_total = {}, {}, None, 0
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -342,7 +342,7 @@ def compute_means(model, graph, sequences, batch_size=32, per_position=True):
         ids, mask, lengths = pad_batch([list(sequences[i]) for i in order[start:start + batch_size]])
         _, vals, _ = decomposed_forward(parts, graph, ids.to(device), mask.to(device), keep_hidden=True,
                                         compute_logits=False)
-        wide = _at_least_fp32(vals.blocks[0].dtype)  # accumulate bf16 models' means in fp32
+        wide = at_least_fp32(vals.blocks[0].dtype)  # accumulate bf16 models' means in fp32
         senders = vals.stacked().to(wide)                                   # [S, B, T, D]
         z = torch.stack(vals.z).to(wide)                                    # [L, B, T, H, dh]
         hidden = torch.stack(vals.hidden).to(wide)                          # [L, B, T, d_mlp]
@@ -364,14 +364,14 @@ def compute_means(model, graph, sequences, batch_size=32, per_position=True):
 
 # ---------------------------------------------------------------- public entry point
 
-def _checked_parts(model, graph):
+def checked_parts(model, graph):
     parts = model_parts(model)
     if model_shape(model) != graph.shape:
         raise ValueError(f"graph was built for {graph.shape}, model is {model_shape(model)}")
     return parts
 
 
-def _node_mask(mask, default, device, dtype):
+def resolve_node_mask(mask, default, device, dtype):
     mask = default if mask is None else mask
     if tuple(mask.shape) != tuple(default.shape):
         raise ValueError(f"node mask shape {tuple(mask.shape)}, expected {tuple(default.shape)}")
@@ -396,7 +396,7 @@ def run_graph(model, graph, clean_ids, corrupted_ids=None, attention_mask=None, 
     (capture_receivers=True makes each receiver group's input retain its grad, for EAP)."""
     if intervention not in INTERVENTIONS:
         raise ValueError(f"intervention {intervention!r}; choose one of {INTERVENTIONS}")
-    parts = _checked_parts(model, graph)
+    parts = checked_parts(model, graph)
     device = next(model.parameters()).device
     dtype = parts.token_embed.weight.dtype
     clean_ids = clean_ids.to(device)
@@ -406,8 +406,8 @@ def run_graph(model, graph, clean_ids, corrupted_ids=None, attention_mask=None, 
     if tuple(edge_mask.shape) != (graph.n_senders, graph.n_receivers):
         raise ValueError(f"edge_mask shape {tuple(edge_mask.shape)}, expected "
                          f"{(graph.n_senders, graph.n_receivers)}")
-    head_mask = _node_mask(head_mask, graph.head_mask, device, dtype)
-    neuron_mask = _node_mask(neuron_mask, graph.neuron_mask, device, dtype)
+    head_mask = resolve_node_mask(head_mask, graph.head_mask, device, dtype)
+    neuron_mask = resolve_node_mask(neuron_mask, graph.neuron_mask, device, dtype)
 
     if intervention == "patching" and (corrupted_ids is None
                                        or tuple(corrupted_ids.shape) != tuple(clean_ids.shape)):

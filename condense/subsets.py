@@ -37,8 +37,8 @@ import torch
 
 from condense.evaluate import dataset_columns, row_batches
 from condense.model_parts import affine_weight
-from condense.patching import (_at_least_fp32, _attention_masks, _block_slices, _checked_parts,
-                               _node_mask, ablated_values, decomposed_forward)
+from condense.patching import (at_least_fp32, attention_masks, block_slices, checked_parts,
+                               resolve_node_mask, ablated_values, decomposed_forward)
 
 METHODS = ("auto", "sparse", "dense")
 
@@ -100,7 +100,7 @@ class SubsetEvaluator:
         if method not in METHODS:
             raise ValueError(f"method {method!r}; choose one of {METHODS}")
         self.model, self.graph, self.intervention, self.means = model, graph, intervention, means
-        self.parts = _checked_parts(model, graph)
+        self.parts = checked_parts(model, graph)
         self.cols, self.n_rows = dataset_columns(dataset)
         self.batch_size, self.max_elements = batch_size, max_elements
         self.piece_elements = min(piece_elements, max_elements)
@@ -216,8 +216,8 @@ class SubsetEvaluator:
         device = clean.device
         like = parts.token_embed.weight
         dtype = like.dtype
-        head_mask = _node_mask(None, graph.head_mask, device, dtype)
-        neuron_mask = _node_mask(None, graph.neuron_mask, device, dtype)
+        head_mask = resolve_node_mask(None, graph.head_mask, device, dtype)
+        neuron_mask = resolve_node_mask(None, graph.neuron_mask, device, dtype)
         ablated = ablated_values(parts, graph, self.intervention, clean.shape, corrupted, attn_mask,
                                  self.means, keep_hidden=neuron_mask is not None, like=like)
         self._ablated_run = ablated  # the dense pass reuses it
@@ -254,7 +254,7 @@ class SubsetEvaluator:
                 hidden = ablated.hidden[node.layer].expand(B, T, -1)
                 node_mix[node.sender] = (neuron_mask[node.layer], hidden)
         windows = [lp.sliding_window for lp in parts.layers]
-        masks = _attention_masks(attn_mask, B, T, windows, dtype, device)
+        masks = attention_masks(attn_mask, B, T, windows, dtype, device)
         rotary = None
         if parts.rotary is not None:
             rotary = parts.rotary(like.new_zeros(1, T, parts.shape.d_model),
@@ -402,7 +402,7 @@ class SubsetEvaluator:
         scores = _matmul_versions(q, k.transpose(-1, -2), k_version) * lp.scaling
         if lp.softcap is not None:
             scores = torch.tanh(scores / lp.softcap) * lp.softcap
-        probs = torch.softmax(scores + mask, dim=-1, dtype=_at_least_fp32(q.dtype)).to(q.dtype)
+        probs = torch.softmax(scores + mask, dim=-1, dtype=at_least_fp32(q.dtype)).to(q.dtype)
         z = _matmul_versions(probs, v, v_version)                   # [B, U, T or 1, dh]
         if mix is not None:
             z = ablated + keep * (z - ablated)
@@ -462,8 +462,8 @@ class SubsetEvaluator:
         device = clean.device
         s_idx = torch.tensor([s for s, _ in self.edges], dtype=torch.long, device=device)
         r_idx = torch.tensor([r for _, r in self.edges], dtype=torch.long, device=device)
-        head_mask = _node_mask(None, graph.head_mask, device, dtype)
-        neuron_mask = _node_mask(None, graph.neuron_mask, device, dtype)
+        head_mask = resolve_node_mask(None, graph.head_mask, device, dtype)
+        neuron_mask = resolve_node_mask(None, graph.neuron_mask, device, dtype)
         rows = torch.arange(clean.shape[0], device=device)
         out = []
         for m in masks.to(dtype):
@@ -479,7 +479,7 @@ class SubsetEvaluator:
 
 def _sender(values, graph, s, B, T):
     """Sender s's output [B, T, D] from SenderValues (broadcast dims expanded)."""
-    for k, sl in enumerate(_block_slices(graph)):
+    for k, sl in enumerate(block_slices(graph)):
         if sl.start <= s < sl.stop:
             return values.blocks[k][s - sl.start].expand(B, T, -1)
     raise IndexError(s)
