@@ -2,6 +2,7 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/attribution.py [--tasks ioi,induction] [--methods eap,eap_ig_inputs]
         [--n 64] [--ig-steps 5] [--repeats 1] [--threads 1] [--model checkpoints/organism] [--json PATH]
+        [--device cuda] [--dtype bfloat16] [--no-search]
 
 The one-shot flow of condense/train.py (condense.run_scoring), per task and method: rank the
 edges on `n` train rows, then on `n` val rows the MIB curves (CPR, CMD) and the smallest
@@ -45,6 +46,10 @@ def bench_task(model, tokenizer, task, methods, args):
         graph = Graph.from_model(model)
         seconds = min(rank_edges(model, graph, rows["train"], cfg, method, None, progress=False)
                       for _ in range(args.repeats))
+        if args.no_search:  # timing only (e.g. a random model, where circuits mean nothing)
+            results.append(dict(task=task, method=method, rank_seconds=seconds))
+            print(f"  {task:12s} {method:18s} rank {seconds:6.3f}s", flush=True)
+            continue
         curves, found, _, search_seconds = search_circuit(model, graph, rows["val"], cfg, None)
         f_test = None
         if found.graph is not None:
@@ -97,6 +102,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 keeps time ratios steady on a shared machine, where "
                          "spare threads wait on busy cores")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16 (default: as saved)")
+    ap.add_argument("--no-search", action="store_true",
+                    help="time the rankings only (no curves or circuit search)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -108,11 +117,19 @@ def main(argv=None):
     methods = ["eap"] + [m for m in methods if m != "eap"]  # the time baseline runs first
     torch.set_num_threads(args.threads)
     start = time.time()
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
     tokenizer = load_tokenizer(args.model)
     results = []
     for task in task_names:
         results += bench_task(model, tokenizer, task, methods, args)
+    if args.no_search:
+        for r in results:
+            print(f"{r['task']:12s} {r['method']:18s} time / EAP {r['time_vs_eap']:.2f}")
+        if args.json:
+            from condense.artifacts import write_json
+            write_json(args.json, dict(model=args.model, device=args.device, n=args.n,
+                                       ig_steps=args.ig_steps, results=results))
+        return
     total = int(Graph.from_model(model).valid.sum())
     table = markdown(results, methods, total)
     print(f"\n{args.model}: n={args.n} rows per split, ig_steps={args.ig_steps}, "

@@ -54,6 +54,13 @@ corrupted-side linearisation instead: g_r at the corrupted point (the second hal
 `clean_corrupted`); the path methods are unaffected (their points are away from the clean
 end).
 
+Linearisation point (`at_circuit`): by default every method linearises the full model (all
+edges on), as EAP and EAP-IG do. With at_circuit=True the point is the graph's current circuit
+(`in_graph`; every other edge ablated in every pass): the full circuit's mask 1 becomes the
+circuit's mask, the interpolated input moves only along the circuit's input edges, and D_s is
+measured in the circuit's run. Scores of edges in the circuit then estimate what removing each
+one from *the circuit* costs, which is what condensation rounds need once most edges are gone.
+
 Node masks of the graph (head_mask / neuron_mask), if not all ones, are applied in every pass,
 as evaluate() applies them. The model is put in eval mode (dropout off) and restored after.
 Gradients are taken with torch.autograd.grad, so no parameter (a LoRA adapter's included)
@@ -73,7 +80,7 @@ METRICS = ("logit_diff", "kl")
 
 def attribute(model, graph, dataset, method, ig_steps=5, intervention="patching",
               metric="logit_diff", batch_size=16, seed=0, means=None, progress=True,
-              gp_step=None):
+              gp_step=None, at_circuit=False):
     """Fill `graph.scores` ([n_senders, n_receivers], 0 where no edge exists) with `method`'s
     edge scores on `dataset` (a datasets.Dataset or dict of lists with clean_ids,
     corrupted_ids, answer_id, distractor_id) and return them. See the module docstring for
@@ -82,7 +89,8 @@ def attribute(model, graph, dataset, method, ig_steps=5, intervention="patching"
     ig_steps: points per path (eap_ig_inputs, eap_ig_activations, eap_gp).
     intervention: "patching" | "mean" (needs means=compute_means(...)) | "zero".
     seed: only `random` draws random numbers; every other method is deterministic.
-    gp_step: eap_gp's step length (None: |clean - ablated input| / ig_steps per row)."""
+    gp_step: eap_gp's step length (None: |clean - ablated input| / ig_steps per row).
+    at_circuit: linearise at the graph's circuit (in_graph) instead of the full model."""
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r}; valid methods: {', '.join(METHODS)}")
     if metric not in METRICS:
@@ -101,7 +109,7 @@ def attribute(model, graph, dataset, method, ig_steps=5, intervention="patching"
         scores = torch.randn(graph.n_senders, graph.n_receivers, generator=gen)
     else:
         scores = _Attributor(model, graph, intervention, metric, means, int(ig_steps),
-                             gp_step).run(dataset, method, batch_size, progress)
+                             gp_step, at_circuit).run(dataset, method, batch_size, progress)
     graph.scores = scores.masked_fill(~graph.valid, 0.0)
     return graph.scores
 
@@ -123,7 +131,7 @@ class _Batch:
 class _Attributor:
     """The passes every method is assembled from, for one model / graph / intervention."""
 
-    def __init__(self, model, graph, intervention, metric, means, steps, gp_step):
+    def __init__(self, model, graph, intervention, metric, means, steps, gp_step, at_circuit=False):
         self.model, self.graph, self.intervention, self.metric = model, graph, intervention, metric
         self.means, self.steps, self.gp_step = means, steps, gp_step
         self.parts = model_parts(model)
@@ -132,6 +140,10 @@ class _Attributor:
         self.wide = torch.promote_types(self.dtype, torch.float32)  # scores accumulate in >= fp32
         self.head_mask = self._node_mask(graph.head_mask)
         self.neuron_mask = self._node_mask(graph.neuron_mask)
+        # the mask of the linearisation point: all ones (full model) or the circuit
+        self.base = None
+        if at_circuit and not bool(graph.in_graph[graph.valid].all()):
+            self.base = (graph.in_graph & graph.valid).to(self.device, self.dtype)
 
     def _node_mask(self, mask):
         return None if bool((mask == 1).all()) else mask.to(self.device, self.dtype)
@@ -140,6 +152,12 @@ class _Attributor:
         g = self.graph
         return torch.full((g.n_senders, g.n_receivers), float(value), dtype=self.dtype,
                           device=self.device, requires_grad=requires_grad)
+
+    def _point_mask(self, value=1.0, requires_grad=False):
+        """value * the linearisation point's mask (ones, or the circuit)."""
+        if self.base is None:
+            return self._full_mask(value, requires_grad)
+        return (float(value) * self.base).requires_grad_(requires_grad)
 
     # ------------------------------------------------------------ driver
     def run(self, dataset, method, batch_size, progress):
@@ -175,7 +193,14 @@ class _Attributor:
     def _forward(self, b, ablated, edge_mask, delta=None, capture=False, all_positions=False):
         """The patched forward on the clean prompt. `delta` [B, T, D] is added to every
         receiver's input, i.e. it moves the input embeddings from their clean value."""
-        hook = None if delta is None else (lambda receivers, x: x + delta)
+        hook = None
+        if delta is not None:  # the input moves only along edges that are on at the point
+            if self.base is None:
+                def hook(receivers, x):
+                    return x + delta
+            else:
+                def hook(receivers, x):
+                    return x + self.base[0, receivers].view(-1, 1, 1, 1) * delta
         return decomposed_forward(self.parts, self.graph, b.clean, b.mask, ablated=ablated,
                                   edge_mask=edge_mask, head_mask=self.head_mask,
                                   neuron_mask=self.neuron_mask, receiver_hook=hook,
@@ -187,7 +212,7 @@ class _Attributor:
         """The full circuit: its last-position log-probs (KL's target), the true sender
         differences D = clean - ablated [S, B, T, D] (zero at padding), and the input
         embeddings' clean and ablated values [B, T, D]."""
-        logits, clean, _ = self._forward(b, ablated, self._full_mask(1))
+        logits, clean, _ = self._forward(b, ablated, self._point_mask())
         diff = (clean.stacked() - ablated.stacked()).to(self.wide) * b.real
         e_clean = clean.blocks[0][0]
         e_ablated = ablated.blocks[0][0].expand_as(e_clean)
@@ -203,7 +228,7 @@ class _Attributor:
 
     def _mask_gradient(self, b, ablated, value, target_logp):
         """d (summed metric) / d edge mask, at the mask filled with `value`."""
-        mask = self._full_mask(value, requires_grad=True)
+        mask = self._point_mask(value, requires_grad=True)
         logits, _, _ = self._forward(b, ablated, mask)
         (grad,) = torch.autograd.grad(self._metric(logits, b, target_logp).sum(), mask)
         return grad.to(self.wide)
@@ -211,7 +236,7 @@ class _Attributor:
     def _receiver_gradients(self, b, ablated, delta, target_logp, retain=False, all_positions=False):
         """Metric gradients at every receiver input (list of (receivers, grad [R, B, T, D]))
         at the input point e_clean + delta; also returns the logits of that pass."""
-        logits, _, captured = self._forward(b, ablated, self._full_mask(1), delta=delta,
+        logits, _, captured = self._forward(b, ablated, self._point_mask(), delta=delta,
                                             capture=True, all_positions=all_positions)
         last = logits[torch.arange(b.size, device=self.device), b.last] if all_positions else logits
         xs = [x for _, x in captured]
@@ -281,7 +306,7 @@ class _Attributor:
                 grads = [(r, gr.to(self.wide) / k) for r, gr in grads]
                 sums = grads if sums is None else [(r, s + gr) for (r, s), (_, gr) in zip(sums, grads)]
             else:
-                logits, _, _ = self._forward(b, ablated, self._full_mask(1), delta=delta,
+                logits, _, _ = self._forward(b, ablated, self._point_mask(), delta=delta,
                                              all_positions=True)
             if j < k:  # the next point: one unit-direction step towards the empty circuit's output
                 distance = ((logits.float() - empty_logits.float()).pow(2) * real).sum()

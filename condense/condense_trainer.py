@@ -1,21 +1,29 @@
 """Condensation (DESIGN.md §5) as a run of condense/train.py: rank -> prune -> heal -> gate.
 
 Each round:
-1. rank: EAP-IG (inputs, `ig_steps`) with the current adapter on the train rows; only the
-   surviving (accepted-circuit) edges' scores count (attribution itself linearises the full
-   graph, the scores of pruned edges are ignored);
+1. rank: EAP-IG (inputs, `ig_steps`) with the current adapter on the train rows, linearised at
+   the current circuit (pruned edges ablated in every pass; `rank_at_circuit=false`: at the
+   full model); only the surviving edges' scores count;
 2. prune: drop the lowest `cut` fraction of the surviving edges by |score|, then
    Graph.prune() drops edges left off every input -> logits path;
 3. heal (`heal=true`): `heal_steps` AdamW steps on the LoRA parameters only (base frozen),
    loss = KL(original model on clean || circuit model with adapter) at the **last position**
    of each prompt (where the task metric is read), pruned edges ablated by patching with
-   the same model+adapter in the same step (the corrupted run is detached);
+   the same model+adapter in the same step (the corrupted run is detached), plus
+   `heal_general_weight` x KL(original || model+adapter) on general text (train split, full
+   graph). DESIGN.md §5's loss is the task term alone (heal_general_weight=0); measured on the
+   organism, the task term alone moves general text until the perplexity gate rejects every
+   later round (README, condensation), so the default keeps general text distilled too;
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
    val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
    / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text
    (split `val`). A round whose heal loss turns NaN/inf is rejected (logged).
 On rejection the last accepted adapter and circuit are restored and the cut halves (at
 least `min_prune_fraction`); a rejected cut at that floor, or `max_rounds`, ends the run.
+Two candidates are rejected without a heal (logged in rounds.jsonl as `skipped`): one with
+no input -> logits path left, and one whose edges equal a candidate already rejected since
+the last accepted round (on small circuits every halved cut still removes one edge, the
+same one: its heal would only be re-seeded).
 C1 = the last accepted circuit. `heal=false` gives C0; `prune=false` heals the full graph
 once, then ranks with EAP-IG and reports the smallest faithful circuit (curves.smallest_faithful).
 
@@ -26,7 +34,14 @@ every round `state/` gets the accepted adapter and circuit (files named by round
 renamed into place last: a kill at any moment leaves a consistent state, and rerunning the
 same command continues from it and ends with the same circuit as an uninterrupted run.
 
-Runs on the main process only (like run_scoring): the organism is too small to shard.
+Data parallel (`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N` on CPU,
+`--multi_gpu` on GPUs): every process runs this loop. Ranking splits the train rows over the
+processes and sums the per-row scores (all-reduce); heal draws the same batch everywhere, each
+process takes its share (condense.optimize.shard) and fit() averages the gradients, so every
+process applies the same update; the gate and the final metrics are computed by every process
+on the same data and weights (identical decisions without communication); only the main process
+writes. Up to float summation order this is the one-process run, so it ends with the same
+circuit (tests/test_condense.py checks it). Use heal_batch_size divisible by N.
 """
 import json
 import math
@@ -35,7 +50,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from condense import tasks
 from condense.artifacts import atomic_write, write_json
@@ -45,6 +59,7 @@ from condense.evaluate import EvalReference, dataset_columns, evaluate, referenc
 from condense.graph import Graph
 from condense.metrics import pad_batch, perplexity
 from condense.model_parts import model_shape
+from condense.optimize import Diverged, all_reduce_, fit, shard, world
 from condense.patching import run_graph
 from condense.run_scoring import load_model_and_rows
 
@@ -54,12 +69,22 @@ DEFAULT_LORA_TARGETS = ["o_proj", "down_proj"]
 STATE_FILE = "state.json"
 
 
-class HealDiverged(RuntimeError):
-    """The heal loss or the adapter became NaN/inf: the round is rejected."""
+HealDiverged = Diverged  # the heal loss or the adapter became NaN/inf: the round is rejected
 
 
 def log(msg):
-    print(f"[condense] {msg}", flush=True)
+    if world()[0] == 0:
+        print(f"[condense] {msg}", flush=True)
+
+
+def is_main():
+    return world()[0] == 0
+
+
+def barrier():
+    if world()[1] > 1:
+        import torch.distributed as dist
+        dist.barrier()
 
 
 def lora_targets(cfg, model):
@@ -118,10 +143,19 @@ def last_logprobs(model, rows, batch_size):
 
 # ------------------------------------------------------------------ the four phases
 def rank(model, graph, rows, cfg, progress=True):
-    """EAP-IG scores into graph.scores; pruned (not in_graph) edges' scores set to 0."""
-    scores = attribute(model, graph, rows, "eap_ig_inputs", ig_steps=cfg.ig_steps,
+    """EAP-IG scores into graph.scores; pruned (not in_graph) edges' scores set to 0. With
+    several processes each scores its share of the rows and the sums are all-reduced."""
+    n = len(rows)
+    mine = shard(list(range(n)))
+    local = rows.select(mine) if len(mine) < n else rows
+    scores = attribute(model, graph, local, "eap_ig_inputs", ig_steps=cfg.ig_steps,
                        intervention=cfg.intervention, metric=cfg.metric,
-                       batch_size=cfg.batch_size, seed=cfg.seed, progress=progress)
+                       batch_size=cfg.batch_size, seed=cfg.seed, progress=progress and is_main(),
+                       at_circuit=cfg.rank_at_circuit)
+    if world()[1] > 1:  # attribute returns a mean over its rows: back to sums, then the mean
+        device = next(model.parameters()).device
+        total = all_reduce_(scores.to(device, torch.float64) * len(mine))
+        scores = (total / n).float().cpu()
     graph.scores = scores.masked_fill(~(graph.in_graph & graph.valid), 0.0)
     return graph
 
@@ -147,40 +181,52 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg):
     clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
     corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
     logits = run_graph(model, graph, clean.to(device), corrupted.to(device), mask.to(device),
-                       intervention=cfg.intervention, logit_positions=(lengths - 1).to(device))
+                       intervention=cfg.intervention, logit_positions=(lengths - 1).to(device),
+                       ablated_grad=cfg.heal_ablated_grad)
     logp = F.log_softmax(logits.float(), -1)
     target = target_logp[idx].to(device)
     return (target.exp() * (target - logp)).sum(-1).mean()
 
 
-def heal(model, graph, rows, target_logp, cfg, rnd, progress=True):
-    """`heal_steps` AdamW steps on the LoRA parameters; raises HealDiverged on NaN/inf."""
+def general_loss(model, blocks):
+    """KL(original || model with adapter) per token on general-text blocks, full graph: the
+    original is the same peft model with its adapter disabled (no stored logits, so this
+    scales to 50k-token vocabularies)."""
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(blocks, device=device)
+    with torch.no_grad(), model.disable_adapter():
+        target = F.log_softmax(model(input_ids=ids).logits.float(), -1)
+    logp = F.log_softmax(model(input_ids=ids).logits.float(), -1)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
+def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None):
+    """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
+    Diverged on NaN/inf. Every process draws the same batch and trains on its share.
+    With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
+    weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.heal_lr)
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
     bs = min(cfg.heal_batch_size, n)
+    use_general = cfg.heal_general_weight > 0 and general_blocks
+    n_blocks = len(general_blocks) if use_general else 0
+
+    def loss_fn(step):
+        idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
+        loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
+        if use_general:
+            picks = shard(torch.randperm(n_blocks, generator=gen)[:cfg.heal_general_batch].tolist())
+            loss = loss + cfg.heal_general_weight * general_loss(
+                model, [general_blocks[i] for i in picks])
+        return loss
+
     model.train()
-    losses = []
     try:
-        bar = tqdm(range(cfg.heal_steps), desc=f"heal round {rnd}", disable=not progress)
-        for step in bar:
-            idx = torch.randperm(n, generator=gen)[:bs].tolist()
-            loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
-            if not torch.isfinite(loss):
-                raise HealDiverged(f"heal loss {loss.item()} at step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if not all(torch.isfinite(p).all() for p in params):
-                raise HealDiverged(f"adapter weights not finite after step {step}")
-            losses.append(loss.item())
-            if step % 10 == 0:
-                bar.set_postfix(kl=f"{loss.item():.4f}")
-        bar.close()
+        return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr, desc=f"heal round {rnd}",
+                   progress=progress, stop_below=cfg.heal_stop_loss or None)
     finally:
         model.eval()
-    return losses
 
 
 class Gate:
@@ -240,11 +286,15 @@ def top1_agreement(model, circuit, rows, original_logits, cfg):
 
 # ------------------------------------------------------------------ state (resume)
 def _save_state(out, model, circuit, state):
+    """Commit a round (main process writes; every process returns the same state)."""
     from safetensors.torch import save
-    sdir = os.path.join(out, "state")
-    os.makedirs(sdir, exist_ok=True)
     tag = f"r{state['accepted_round']:04d}"
     adapter_file, circuit_file = f"adapter_{tag}.safetensors", f"circuit_{tag}.json"
+    if not is_main():
+        barrier()
+        return dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
+    sdir = os.path.join(out, "state")
+    os.makedirs(sdir, exist_ok=True)
     if not os.path.exists(os.path.join(sdir, adapter_file)):
         atomic_write(os.path.join(sdir, adapter_file),
                      save({k: v.contiguous().cpu() for k, v in adapter_state(model).items()}))
@@ -254,6 +304,7 @@ def _save_state(out, model, circuit, state):
     for f in os.listdir(sdir):  # older accepted states are no longer referenced
         if f.startswith(("adapter_r", "circuit_r")) and f not in (adapter_file, circuit_file):
             os.unlink(os.path.join(sdir, f))
+    barrier()
     return state
 
 
@@ -275,7 +326,9 @@ def _load_state(out, model, peft_model, cfg):
 RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "intervention", "metric",
                "heal", "prune", "prune_fraction", "min_prune_fraction", "heal_steps", "heal_lr",
                "heal_batch_size", "lora_rank", "lora_alpha", "lora_targets",
-               "gate_accuracy_tol", "gate_ppl_ratio", "n_general")
+               "gate_accuracy_tol", "gate_ppl_ratio", "n_general", "init_circuit", "rank_at_circuit",
+               "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
+               "heal_stop_loss")
 
 
 def _fingerprint(cfg):
@@ -322,6 +375,8 @@ def run_condense(cfg, accelerator, output_dir):
     for p in model.parameters():
         p.requires_grad_(False)
     blocks = list(tasks.general_text(tokenizer, "val")["input_ids"])[:cfg.n_general]
+    train_blocks = (list(tasks.general_text(tokenizer, "train")["input_ids"])
+                    if cfg.heal and cfg.heal_general_weight > 0 else None)
     log(f"condense {cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in rows)} rows, "
         f"{len(blocks)} general-text blocks; heal={cfg.heal} prune={cfg.prune}; {cfg.model} on {device}")
 
@@ -335,9 +390,9 @@ def run_condense(cfg, accelerator, output_dir):
 
     peft_model = add_adapter(model, cfg)
     state, circuit = _load_state(out, model, peft_model, cfg)
+    barrier()  # every process has read the state before the main one may write a first one
     if state is None:
-        circuit = full.copy()
-        circuit.reset(in_graph=True)
+        circuit = initial_circuit(full, cfg, model)
         state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
                      fingerprint=_fingerprint(cfg),
                      seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
@@ -359,14 +414,28 @@ def run_condense(cfg, accelerator, output_dir):
             candidate = circuit.copy()
         accepted_adapter = adapter_state(peft_model)
         note, losses = "", []
+        key = _edge_key(candidate)
+        n_candidate = candidate.count_edges(on_path=True)
         try:
+            if cfg.prune and n_candidate == 0:
+                raise _Skip("no input -> logits path left")
+            if cfg.prune and key in state.get("rejected_since_accept", []):
+                raise _Skip("the same edges as a cut already rejected since the last accepted "
+                            "round (a smaller cut removes the same edges)")
             if cfg.heal:
-                losses = heal(peft_model, candidate, rows["train"], target_logp, cfg, rnd)
+                losses = heal(peft_model, candidate, rows["train"], target_logp, cfg, rnd,
+                              general_blocks=train_blocks)
             ok, g = gate(peft_model, candidate)
         except HealDiverged as e:
             note = f"heal diverged: {e}"
             log(f"round {rnd}: {note}; rejected")
             ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan)
+        except _Skip as e:  # decided without heal or gate (deterministic, so resume-safe)
+            note = f"skipped: {e}"
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan)
+        if world()[1] > 1:  # the same decision everywhere, even if floats ever differed
+            votes = all_reduce_(torch.tensor([float(bool(ok))], device=device))
+            ok = bool(votes.item() == world()[1])
         record = dict(round=rnd, cut=cut, accepted=bool(ok),
                       edges=candidate.count_edges(on_path=True), accuracy=g["accuracy"],
                       ppl_ratio=g["ppl_ratio"], kl=g["kl"],
@@ -374,23 +443,28 @@ def run_condense(cfg, accelerator, output_dir):
                       time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {gate.accuracy_original:.3f}), ppl ratio "
-            f"{record['ppl_ratio']:.4f}: {'accepted' if ok else 'rejected'}")
-        _wandb_log(accelerator, cfg, record)
+            f"{record['ppl_ratio']:.4f}: {'accepted' if ok else 'rejected'}"
+            + (f" ({note})" if note else ""))
+        if is_main():
+            _wandb_log(accelerator, cfg, record)
         state["rounds"].append(record)
         state["round"] = rnd
         if ok:
             circuit = candidate
             state["accepted_round"] = rnd
+            state["rejected_since_accept"] = []
             if circuit.count_edges(on_path=True) <= 1:
                 state["done"] = True
         else:
+            state.setdefault("rejected_since_accept", []).append(key)
             load_adapter_state(peft_model, accepted_adapter)
             if not cfg.prune or cut <= cfg.min_prune_fraction + 1e-12:
                 state["done"] = True
             else:
                 state["cut"] = max(cut / 2, cfg.min_prune_fraction)
         state = _save_state(out, peft_model, circuit, state)
-        _write_rounds(out, state["rounds"])
+        if is_main():
+            _write_rounds(out, state["rounds"])
 
     # final artifacts: reload the committed state so a resumed run ends identically
     state, circuit = _load_state(out, model, peft_model, cfg)
@@ -421,7 +495,8 @@ def run_condense(cfg, accelerator, output_dir):
     log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
         f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
         f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
-
+    if not is_main():
+        return metrics
     save_adapter(peft_model, out)
     circuit.to_json(os.path.join(out, "circuit.json"))
     circuit.to_image(os.path.join(out, "circuit.png"))
@@ -431,6 +506,35 @@ def run_condense(cfg, accelerator, output_dir):
                     f"condense {cfg.task}: edges and val accuracy per round")
     write_json(os.path.join(out, "metrics.json"), metrics)
     return metrics
+
+
+run_condense.data_parallel = True  # train.py runs it on every process
+
+
+class _Skip(Exception):
+    """A candidate rejected without healing it (empty, or already rejected)."""
+
+
+def _edge_key(graph):
+    """A short fingerprint of a circuit's edge set (for 'already rejected' checks)."""
+    import hashlib
+    on = (graph.in_graph & graph.valid).flatten().nonzero().flatten().tolist()
+    return hashlib.sha1(",".join(map(str, on)).encode()).hexdigest()[:16]
+
+
+def initial_circuit(full, cfg, model):
+    """The circuit round 1 starts from: the full graph, or `init_circuit` (any run's
+    circuit.json, e.g. from edge_pruning or hap) pruned to its input -> logits paths."""
+    circuit = full.copy()
+    circuit.reset(in_graph=True)
+    if cfg.init_circuit:
+        if not os.path.exists(cfg.init_circuit):
+            raise FileNotFoundError(f"init_circuit {cfg.init_circuit!r} does not exist")
+        start = Graph.from_json(cfg.init_circuit, model)
+        circuit.in_graph = start.in_graph & circuit.valid
+        circuit.prune()
+        log(f"starting from {cfg.init_circuit}: {circuit.count_edges(on_path=True)} edges")
+    return circuit
 
 
 def save_adapter(peft_model, out):

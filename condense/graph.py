@@ -58,6 +58,8 @@ class Graph:
         self.in_graph = self.valid.clone()
         self.head_mask = torch.ones(L, H)
         self.neuron_mask = torch.ones(L, shape.d_mlp)
+        # optional node roles (S3martCirc): name -> role, for heads/MLPs and neurons m{l}.n{i}
+        self.roles = {}
         self.edges = EdgeMap(self)
         self.nodes = NodeMap(self)
 
@@ -110,6 +112,7 @@ class Graph:
         g = Graph(self.shape)
         g.scores, g.in_graph = self.scores.clone(), self.in_graph.clone()
         g.head_mask, g.neuron_mask = self.head_mask.clone(), self.neuron_mask.clone()
+        g.roles = dict(self.roles)
         return g
 
     def reset(self, in_graph=True):
@@ -204,6 +207,11 @@ class Graph:
             d["edges"][f"{self.sender_names[s]}->{self.receiver_names[r]}"] = {"score": sc, "in_graph": f}
         if not (bool((self.head_mask == 1).all()) and bool((self.neuron_mask == 1).all())):
             d["node_masks"] = {"heads": self.head_mask.tolist(), "neurons": self.neuron_mask.tolist()}
+        for name, role in self.roles.items():  # roles: on node entries; neurons under "neurons"
+            if name in d["nodes"]:
+                d["nodes"][name]["role"] = role
+            else:
+                d.setdefault("neurons", {})[name] = {"in_graph": True, "role": role}
         atomic_write(path, lambda f: json.dump(d, f))
 
     @classmethod
@@ -223,6 +231,9 @@ class Graph:
         if "node_masks" in d:
             g.head_mask = torch.tensor(d["node_masks"]["heads"], dtype=torch.float)
             g.neuron_mask = torch.tensor(d["node_masks"]["neurons"], dtype=torch.float)
+        for entries in (d.get("nodes", {}), d.get("neurons", {})):
+            g.roles.update({name: e["role"] for name, e in entries.items()
+                            if isinstance(e, dict) and e.get("role") is not None})
         return g
 
     def _parse_edge(self, name):
@@ -412,6 +423,15 @@ class NodeMap(Mapping):
 # ---------------------------------------------------------------- drawing
 
 _QKV_COLORS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#9467bd", None: "#444444"}
+_ROLE_COLORS = {"functional": "#e4572e", "passthrough": "#76b041", "unimportant": "#dddddd"}
+
+
+def _node_color(graph, index):
+    """Fill colour: input/logits gold, else the node's role colour (graph.roles), else grey."""
+    name = graph.node_names[index]
+    if name in ("input", "logits"):
+        return "#ffcc66"
+    return _ROLE_COLORS.get(graph.roles.get(name), "#dddddd")
 
 
 def _drawn_edges(graph):
@@ -452,11 +472,13 @@ def _draw_matplotlib(graph, path):
         x, y = xy[i]
         kind = Node(graph, i).kind
         ax.scatter([x], [y], s=500, zorder=2, marker="s" if kind == "mlp" else "o",
-                   c="#ffcc66" if kind in ("input", "logits") else "#dddddd", edgecolors="black")
+                   c=_node_color(graph, i), edgecolors="black")
         ax.annotate(graph.node_names[i], (x, y), ha="center", va="center", fontsize=6, zorder=3)
     for c in "qkv":
         ax.plot([], [], color=_QKV_COLORS[c], label=f"into <{c}>")
     ax.plot([], [], color=_QKV_COLORS[None], label="into MLP / logits")
+    for role in sorted(set(graph.roles.values()) & set(_ROLE_COLORS)):
+        ax.scatter([], [], s=60, c=_ROLE_COLORS[role], edgecolors="black", label=role)
     ax.legend(loc="upper left", fontsize=7)
     ax.set_xlim(-1, graph.n_heads)
     ax.set_ylim(-1, 2 * graph.n_layers + 2)
@@ -478,7 +500,9 @@ def _draw_graphviz(graph, path, graphviz):
         with dot.subgraph() as sub:
             sub.attr(rank="same")
             for i in row:
-                sub.node(graph.node_names[i], shape="box" if Node(graph, i).kind == "mlp" else "ellipse")
+                fill = dict(style="filled", fillcolor=_node_color(graph, i)) if graph.roles else {}
+                sub.node(graph.node_names[i], shape="box" if Node(graph, i).kind == "mlp" else "ellipse",
+                         **fill)
     for e, w in zip(edges, widths):
         dot.edge(graph.node_names[e.s], graph.node_names[int(graph.receiver_node[e.r])],
                  penwidth=f"{w:.2f}", color=_QKV_COLORS[e.qkv])

@@ -244,9 +244,12 @@ def affine_weight(module):
             A, B, s = module.lora_A[name], module.lora_B[name], module.scaling[name]
             if type(A) is not nn.Linear or type(B) is not nn.Linear:
                 return None
-            W = W + s * (B.weight @ A.weight)
+            # peft keeps adapters in fp32 over a bf16/fp16 base and casts the LoRA term back to
+            # the base's dtype: do the same, or the einsums below would mix dtypes
+            W = W + (s * (B.weight @ A.weight)).to(W.dtype)
             if B.bias is not None:
-                b = s * B.bias if b is None else b + s * B.bias
+                lb = (s * B.bias).to(W.dtype)
+                b = lb if b is None else b + lb
         return W, b
     return None
 

@@ -223,7 +223,8 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
     for l, lp in enumerate(parts.layers):
         if patched:  # 3H different inputs: q of every head, then k, then v
             xn = lp.attn_norm(receiver_input(graph.attn_receivers(l))).view(3, H, B, T, -1)
-            q, k, v = (project_per_head(p, xn[i], dh) for i, p in enumerate((lp.q, lp.k, lp.v)))
+            # unbind, not xn[i]: each indexing's backward would zero-fill a tensor of xn's size
+            q, k, v = (project_per_head(p, x, dh) for x, p in zip(xn.unbind(0), (lp.q, lp.k, lp.v)))
         else:
             xn = lp.attn_norm(receiver_input(graph.attn_receivers(l))[0])
             q, k, v = (project_shared(p, xn, dh) for p in (lp.q, lp.k, lp.v))

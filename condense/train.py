@@ -34,10 +34,15 @@ from condense.patching import INTERVENTIONS  # noqa: E402
 from condense.run_scoring import ATTRIBUTION_METHOD  # noqa: E402
 
 # method -> "module:function" of its runner, imported only when that method runs. A runner is
-# called as runner(cfg, accelerator, output_dir) on the main process and returns the metrics
-# it wrote to metrics.json. New methods (condense, edge_pruning, hap, s3martcirc) add a line.
+# called as runner(cfg, accelerator, output_dir) and returns the metrics it wrote to
+# metrics.json. It runs on the main process only, unless it sets `runner.data_parallel = True`:
+# then it runs on every process (sharing work through condense.optimize) and writes on the
+# main one. New methods (edge_pruning, hap, s3martcirc) add a line.
 RUNNERS = {name: "condense.run_scoring:score_once" for name in ATTRIBUTION_METHOD}
 RUNNERS["condense"] = "condense.condense_trainer:run_condense"
+RUNNERS["s3martcirc"] = "condense.s3martcirc:run_s3martcirc"
+RUNNERS["edge_pruning"] = "condense.edge_pruning:run_edge_pruning"
+RUNNERS["hap"] = "condense.edge_pruning:run_hap"
 
 REPORT_TO = ("none", "wandb")
 
@@ -97,6 +102,17 @@ class RunConfig:
     heal_steps: int = field(default=500, metadata={"help": "condense: AdamW steps per heal"})
     heal_lr: float = field(default=1e-4, metadata={"help": "condense: heal learning rate"})
     heal_batch_size: int = field(default=16, metadata={"help": "condense: rows per heal step"})
+    heal_general_weight: float = field(default=1.0, metadata={
+        "help": "condense: weight of KL(original || model+adapter) on general text (train "
+                "split, full graph) added to the heal loss; 0 = DESIGN.md's task-only loss"})
+    heal_general_batch: int = field(default=4, metadata={
+        "help": "condense: general-text blocks per heal step for that term"})
+    heal_stop_loss: float = field(default=0.0, metadata={
+        "help": "condense: end a heal early once its mean loss over 10 steps is below this "
+                "(0: always run heal_steps)"})
+    heal_ablated_grad: bool = field(default=True, metadata={
+        "help": "condense: backpropagate the heal loss through the corrupted run too (the "
+                "adapter also changes what pruned edges carry); false: that run is detached"})
     lora_rank: int = field(default=16, metadata={"help": "condense: LoRA rank"})
     lora_alpha: float = field(default=32, metadata={"help": "condense: LoRA alpha"})
     lora_targets: Optional[list] = field(default=None, metadata={
@@ -108,6 +124,87 @@ class RunConfig:
         "help": "condense: accept a round when general-text ppl (adapter) / ppl (original) <= this"})
     n_general: int = field(default=64, metadata={
         "help": "condense: blocks of held-out general text (val split) for the perplexity gate"})
+    rank_at_circuit: bool = field(default=True, metadata={
+        "help": "condense: rank by linearising at the current circuit (pruned edges ablated); "
+                "false: at the full model, as one-shot EAP-IG does"})
+    init_circuit: Optional[str] = field(default=None, metadata={
+        "help": "condense: start from this circuit.json (e.g. an edge_pruning or hap run's) "
+                "instead of the full graph (null: the full graph)"})
+    # edge pruning / HAP (methods: edge_pruning, hap; condense/edge_pruning.py)
+    ep_steps: int = field(default=1000, metadata={
+        "help": "edge_pruning/hap: AdamW steps of the mask training (hap: see hap_steps)"})
+    ep_lr: float = field(default=0.3, metadata={
+        "help": "edge_pruning/hap: learning rate of the hard-concrete log-alphas"})
+    ep_lambda_lr: float = field(default=0.3, metadata={
+        "help": "edge_pruning/hap: learning rate of the Lagrange multipliers (maximised)"})
+    ep_target_sparsity: float = field(default=0.95, metadata={
+        "help": "edge_pruning/hap: target fraction of the graph's edges REMOVED (expected, over "
+                "all edges; 0.95 keeps 5 %)"})
+    ep_ramp_fraction: float = field(default=0.8, metadata={
+        "help": "edge_pruning/hap: fraction of ep_steps over which the target ramps linearly "
+                "from 0 to ep_target_sparsity (then it stays there)"})
+    ep_batch_size: int = field(default=32, metadata={
+        "help": "edge_pruning/hap: train rows per mask-training step"})
+    ep_init_log_alpha: float = field(default=10.0, metadata={
+        "help": "edge_pruning/hap: initial log-alpha of every gate (plus N(0, 0.01^2) noise; "
+                "10 = every edge on)"})
+    hap_attribution: str = field(default="eap", metadata={
+        "help": "hap: attribution method that ranks the candidate edges (eap as in the HAP "
+                "paper; any condense.attribute method)"})
+    hap_candidates: Optional[int] = field(default=None, metadata={
+        "help": "hap: keep this many top edges by |attribution| as candidates (null: use "
+                "hap_candidate_fraction)"})
+    hap_candidate_fraction: float = field(default=0.3, metadata={
+        "help": "hap: candidate edges as a fraction of all edges, when hap_candidates is null"})
+    hap_steps: Optional[int] = field(default=None, metadata={
+        "help": "hap: mask-training steps (null: Edge Pruning's ramp rate over the sparsity the "
+                "candidates leave to learn, plus Edge Pruning's settle steps)"})
+    # S3martCirc / node baselines (method: s3martcirc; condense/s3martcirc.py, node_baselines.py)
+    s3_lr: float = field(default=0.005, metadata={
+        "help": "s3martcirc: AdamW learning rate of the node coefficient logits (paper: 0.005)"})
+    s3_weight_decay: float = field(default=5e-4, metadata={
+        "help": "s3martcirc: AdamW weight decay of the coefficient logits (paper: 5e-4)"})
+    s3_epochs: int = field(default=60, metadata={
+        "help": "s3martcirc: epochs over the train rows (paper: 60); one discovery step per batch"})
+    s3_warmup_epochs: int = field(default=5, metadata={
+        "help": "s3martcirc: first epochs with discovery steps only (paper: 5)"})
+    s3_sparsity: float = field(default=0.3, metadata={
+        "help": "s3martcirc: weight of the sparsity loss, mean over all nodes (heads and neurons) "
+                "of c_p + c_f (paper: 0.3)"})
+    s3_alpha: float = field(default=0.75, metadata={
+        "help": "s3martcirc: discovery loss alpha * KL(P_orig || P_mask) - (1 - alpha) * log "
+                "P_mask(answer) (paper: 0.75)"})
+    s3_k: int = field(default=6, metadata={
+        "help": "s3martcirc: classification steps after each discovery step once warmup is over"})
+    s3_seed: int = field(default=42, metadata={
+        "help": "s3martcirc: seed of the batch order (paper: 42)"})
+    s3_batch_size: Optional[int] = field(default=None, metadata={
+        "help": "s3martcirc: train rows per discovery step, also node_pruning's (null: batch_size)"})
+    s3_binary_weight: float = field(default=0.3, metadata={
+        "help": "s3martcirc: weight of the loss pushing each coefficient to 0 or 1, mean over "
+                "nodes of sum_k c_k (1 - c_k) (the paper gives none; default = s3_sparsity's)"})
+    s3_init_unimportant: float = field(default=1 / 3, metadata={
+        "help": "s3martcirc: initial c_u of every node, c_p = c_f = (1 - c_u) / 2 (1/3: all "
+                "three equal, where the 0-or-1 loss has no gradient)"})
+    s3_fi_threshold: Optional[float] = field(default=None, metadata={
+        "help": "s3martcirc: FI at or above which a circuit node is pushed to functional, below "
+                "to passthrough (null: the median FI of its kind, heads and neurons apart)"})
+    s3_baselines: Optional[list] = field(default=None, metadata={
+        "help": "s3martcirc: node baselines run on the same train rows and compared at the same "
+                "circuit size and at s3_budgets: exact_patching, attribution_patching, "
+                "attribution_patching_ig, node_pruning, random (null: none)"})
+    s3_budgets: Optional[list] = field(default=None, metadata={
+        "help": "s3martcirc: node budgets (top-n nodes by score) for the ablation numbers and "
+                "known-circuit recovery (null: the paper's 50, 100, 150, 200 for GPT-2 small)"})
+    s3_reference: Optional[str] = field(default=None, metadata={
+        "help": "s3martcirc: reference circuit for recovery: a key of condense/data/"
+                "known_circuits.json or a JSON file (null: gpt2_ioi / gpt2_acronym / "
+                "gpt2_greater_than by task when the model is GPT-2 small, else none)"})
+    s3_np_lr: float = field(default=0.1, metadata={
+        "help": "node_pruning baseline: learning rate of the hard-concrete log-alphas (it "
+                "trains as many steps as S3martCirc has discovery steps)"})
+    s3_np_l0: float = field(default=0.3, metadata={
+        "help": "node_pruning baseline: weight of the mean expected-L0 penalty over nodes"})
 
 
 def check(cfg):
@@ -176,15 +273,23 @@ def run(cfg):
             "wandb": dict(mode=os.environ.get("WANDB_MODE", "offline"), dir=out,
                           name=os.path.basename(os.path.normpath(out)))})
     metrics = None
+    runner = _runner(cfg.method)
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)
         atomic_write(os.path.join(out, "recipe.yaml"),
                      f"# accelerate launch condense/train.py --recipe {os.path.join(out, 'recipe.yaml')}\n"
                      + to_yaml(cfg))
-        metrics = _runner(cfg.method)(cfg, accelerator, out)
+    accelerator.wait_for_everyone()
+    # data-parallel runners run on every process (and write only on the main one); the others
+    # run on the main process while the rest wait
+    if getattr(runner, "data_parallel", False) or accelerator.is_main_process:
+        metrics = runner(cfg, accelerator, out)
+    if accelerator.is_main_process:
         if wandb:
             accelerator.log(_scalars(metrics))
         print(f"[condense] wrote {out}/", flush=True)
+    else:
+        metrics = None
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics

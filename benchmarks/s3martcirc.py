@@ -1,0 +1,113 @@
+"""S3martCirc against the node baselines on the model organism, in one run.
+
+    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py [--tasks ioi,acronym] [--threads 1]
+        [--baselines exact_patching,attribution_patching,...] [--out runs/s3martcirc_bench]
+        [--json PATH] [key=value ...]
+
+Per task, the shipped recipe recipes/s3martcirc/organism_<task>.yaml runs through
+condense/train.py (the runner of `method: s3martcirc`) with every node baseline added
+(s3_baselines): S3martCirc trains its coefficients on the recipe's train rows; each baseline
+scores every head and neuron on the same rows; then on the test rows each method's circuit is
+ablated (those nodes patched with the corrupted prompt, everything else kept): accuracy drop
+(percentage points) and logit-difference drop. Baselines are evaluated at S3martCirc's circuit
+size (their top-n nodes, n = S3martCirc's size) and every method at the recipe's node budgets.
+Wall time: S3martCirc = FI + training; a baseline = its scoring. S3martCirc's budget order:
+its circuit first, ranked by the discovery loss's mask gradient averaged over training, then
+the rest by c_p + c_f; the row "budgets in c_p + c_f order" ranks by the coefficients alone. `key=value` overrides go to
+both recipes (e.g. n_train=32). Artifacts of each run land in --out/<task>/.
+Defaults take about 8-10 minutes on one CPU core (exact patching is most of it).
+"""
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from condense import train  # noqa: E402
+from condense.node_baselines import BASELINES  # noqa: E402
+
+NAMES = {"s3martcirc": "S3martCirc",
+         "s3martcirc_coefficients": "S3martCirc, budgets in c_p + c_f order",
+         "exact_patching": "exact activation patching",
+         "attribution_patching": "attribution patching", "attribution_patching_ig": "AP + IG",
+         "node_pruning": "node pruning (hard concrete)", "random": "random"}
+
+
+def run_task(task, args):
+    recipe = os.path.join(ROOT, "recipes", "s3martcirc", f"organism_{task}.yaml")
+    overrides = [f"s3_baselines=[{','.join(args.baselines)}]", f"threads={args.threads}",
+                 f"output_dir={os.path.join(args.out, task)}", *args.overrides]
+    cfg = train.load_config(recipe, overrides)
+    metrics = train.run(cfg)
+    return metrics
+
+
+def rows_of(task, m):
+    s3 = m["s3martcirc"]
+    out = [dict(task=task, method="s3martcirc", size=s3["size"], heads=s3["heads"],
+                neurons=s3["neurons"], accuracy_drop=s3["accuracy_drop"], logit_drop=s3["logit_drop"],
+                seconds=s3["seconds"], circuit_faithfulness=s3["circuit_faithfulness"],
+                budgets={b: v["accuracy_drop"] for b, v in m["s3martcirc_budgets"].items()})]
+    if m.get("s3martcirc_coefficient_budgets"):  # the same circuit, budgets in c_p + c_f order
+        out.append(dict(task=task, method="s3martcirc_coefficients", size=None,
+                        budgets={b: v["accuracy_drop"]
+                                 for b, v in m["s3martcirc_coefficient_budgets"].items()}))
+    for method, rec in m["baselines"].items():
+        a = rec["at_size"]
+        out.append(dict(task=task, method=method, size=a["nodes"], heads=a["heads"],
+                        neurons=a["neurons"], accuracy_drop=a["accuracy_drop"],
+                        logit_drop=a["logit_drop"], seconds=rec["seconds"],
+                        circuit_faithfulness=a["circuit_faithfulness"],
+                        budgets={b: v["accuracy_drop"] for b, v in rec["budgets"].items()}))
+    return out
+
+
+def table(rows, budgets):
+    head = ("| task | method | size (heads + neurons) | accuracy drop (pts) | logit drop | "
+            "circuit alone f | wall s | " + " | ".join(f"drop @{b}" for b in budgets) + " |")
+    lines = [head, "|" + "---|" * (7 + len(budgets))]
+    for r in rows:
+        if r["size"] is None:
+            lines.append(f"| {r['task']} | {NAMES.get(r['method'], r['method'])} | | | | | | "
+                         + " | ".join(f"{r['budgets'][str(b)]:.1f}" for b in budgets) + " |")
+            continue
+        lines.append(f"| {r['task']} | {NAMES.get(r['method'], r['method'])} | {r['size']} "
+                     f"({r['heads']} + {r['neurons']}) | {r['accuracy_drop']:.1f} | "
+                     f"{r['logit_drop']:.2f} | {r['circuit_faithfulness']:.2f} | {r['seconds']:.1f} | "
+                     + " | ".join(f"{r['budgets'][str(b)]:.1f}" for b in budgets) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default="ioi,acronym")
+    ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=os.path.join("runs", "s3martcirc_bench"))
+    ap.add_argument("--json", default=None, help="write every number here")
+    ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
+    args = ap.parse_args(argv)
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    results, rows = {}, []
+    for task in args.tasks.split(","):
+        m = run_task(task, args)
+        results[task] = m
+        rows += rows_of(task, m)
+        print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
+    budgets = sorted({int(b) for r in rows for b in r["budgets"]})
+    print()
+    print(table(rows, budgets))
+    for task, m in results.items():
+        holds = all(m["done_when"].values()) if m["done_when"] else None
+        print(f"{task}: S3martCirc size {m['size']}, done-when {'holds' if holds else 'FAILS'}: "
+              f"{m['done_when']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, runs=results, command=" ".join(sys.argv)), f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

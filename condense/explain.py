@@ -1,0 +1,441 @@
+"""Explain every node of a run's circuit: WeightLens (what it reads and writes, from weights,
+checked by single-token forward passes; condense/weightlens.py) and CircuitLens (where it
+is active and which upstream nodes drive it there, clustered; condense/circuitlens.py).
+
+    python -m condense.explain checkpoints/<run> [--out DIR] [--z 4] [--z-inherit 3]
+                               [--n-contexts 24] [--max-nodes N] [--neurons 8] ...
+
+Reads the run's circuit.json and recipe.yaml (model, tokenizer, task) and loads the model
+with the run's adapter when the folder has one (as condense.verify does). Nodes explained:
+the heads and MLPs of the circuit (nodes with an in-graph edge), in layer order; with
+--max-nodes only the N with the largest circuit importance (sum of |score| of their
+in-graph outgoing edges). An MLP node is explained through its top --neurons neurons by
+circuit attribution: d LD / d neuron_mask on --n-task rows of the task under the circuit
+(attribution patching of each neuron, intervention as in the recipe), ranked by |score|
+(ties by the weights); without a task or with --neuron-ranking weights, by the weights
+(std over the vocabulary of the neuron's embedding activation times the norm of its
+output weights).
+Writes `explain.json` (every candidate token with its z-score, validation values and
+verdict; contexts, contributors and clusters) and `explain.md` (one section per node) into
+the run folder or --out. For IOI circuits the summary also holds the measurement of the
+issue: per head, the share of its validated output tokens (promoted and suppressed) that
+are IOI names, and whether the circuit's highest-scoring head into `logits` is among the
+heads whose share is >= 0.8.
+
+Natural-language descriptions are optional: `--describe module:function` names a function
+that receives a node's report (a dict) and returns a string; nothing calls a network by
+default.
+"""
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import torch
+
+from condense.circuitlens import CircuitLens, CircuitLensConfig
+from condense.weightlens import LensConfig, WeightLens, parse_node
+
+DEFAULT_NEUTRAL = "The next word is"
+
+
+# ---------------------------------------------------------------- the circuit
+
+def circuit_nodes(graph):
+    """[(name, importance)] of the circuit's heads and MLPs in layer order (heads first)."""
+    on = graph.in_graph & graph.valid
+    present = graph.nodes_in_graph()
+    out = []
+    for s, name in enumerate(graph.sender_names):
+        if name == "input" or not bool(present[s]):
+            continue
+        out.append((name, float(graph.scores[s][on[s]].abs().sum())))
+    return out
+
+
+def upstream_edges(graph, node):
+    """(sender, role) of the circuit's edges into `node` from heads/MLPs (role q/k/v/None)."""
+    on = graph.in_graph & graph.valid
+    idx = graph.node_index[node]
+    out = []
+    for r in torch.nonzero(graph.receiver_node == idx).flatten().tolist():
+        name = graph.receiver_names[r]
+        role = name[-2] if name.endswith(">") else None
+        for s in torch.nonzero(on[:, r]).flatten().tolist():
+            if s > 0:
+                out.append((graph.sender_names[s], role))
+    return out
+
+
+def top_logits_head(graph):
+    """The head with the highest |score| in-graph edge into `logits`, or None."""
+    r = graph.logits_receiver
+    best = None
+    for s in torch.nonzero(graph.in_graph[:, r] & graph.valid[:, r]).flatten().tolist():
+        name = graph.sender_names[s]
+        if name.startswith("a") and (best is None or abs(graph.scores[s, r]) > best[1]):
+            best = (name, abs(float(graph.scores[s, r])))
+    return best[0] if best else None
+
+
+def neuron_attribution(model, graph, rows, intervention="patching", batch_size=16, means=None):
+    """[L, d_mlp]: mean over rows of d LD / d neuron_mask under the circuit (in_graph)."""
+    from condense.evaluate import dataset_columns, row_batches
+    from condense.patching import run_graph
+    device = next(model.parameters()).device
+    cols, n = dataset_columns(rows)
+    total = torch.zeros(graph.n_layers, graph.shape.d_mlp)
+    for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
+        nm = torch.ones(graph.n_layers, graph.shape.d_mlp, device=device, requires_grad=True)
+        with torch.enable_grad():
+            logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
+                               neuron_mask=nm, means=means, logit_positions=last).float()
+            a = torch.tensor([int(cols["answer_id"][i]) for i in idx], device=device)
+            d = torch.tensor([int(cols["distractor_id"][i]) for i in idx], device=device)
+            ld = (logits.gather(1, a[:, None]) - logits.gather(1, d[:, None])).sum()
+            (g,) = torch.autograd.grad(ld, nm)
+        total += g.float().cpu()
+    return total / n
+
+
+def weight_neuron_scores(lens, layer):
+    """[d_mlp]: std over the vocabulary of the neuron's embedding activation x ||w_out||."""
+    return lens.mlp_hidden(layer, lens.E).std(0) * lens.neuron_writes(layer).norm(dim=-1)
+
+
+# ---------------------------------------------------------------- explaining
+
+def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vocab_size=None,
+                    task_rows=None, pool=None, nodes=None, max_nodes=None, n_neurons=8,
+                    neuron_ranking="attribution", intervention="patching", lens_config=None,
+                    lens_circuit_config=None, describe=None, progress=print):
+    """Explanations of the circuit's nodes (`nodes`: names to explain, default all circuit
+    nodes). `task_rows`: task rows (clean/corrupted/answer/distractor) for neuron
+    attribution; `pool`: (sequences, sources) for CircuitLens (None: skip CircuitLens)."""
+    decode = decode or (lambda ids: " ".join(map(str, ids)))
+    imp = dict(circuit_nodes(graph))
+    if nodes is None:
+        nodes = list(imp)
+        if max_nodes is not None:
+            keep = set(sorted(nodes, key=lambda n: -imp[n])[:max_nodes])
+            nodes = [n for n in nodes if n in keep]
+    lens = WeightLens(model, graph, neutral_ids, prefix_ids, vocab_size, lens_config)
+    attribution = None
+    if (task_rows is not None and neuron_ranking == "attribution"
+            and any(parse_node(n)[0] == "mlp" for n in nodes)):
+        attribution = neuron_attribution(model, graph, task_rows, intervention)
+    circuit_edges = [e.name for e in graph.edges.values() if e.in_graph]
+    clens = None
+    if pool is not None:
+        clens = CircuitLens(model, graph, pool[0], pool[1], decode, lens_circuit_config, nodes)
+    out = {}
+    for name in nodes:
+        start = time.perf_counter()
+        kind, l, _ = parse_node(name)
+        up = upstream_edges(graph, name)
+        if kind == "attention":
+            wl = lens.explain_head(name, up)
+        else:
+            w = weight_neuron_scores(lens, l)
+            if attribution is not None and neuron_ranking == "attribution":
+                sc, how = attribution[l], ("circuit attribution (d LD / d neuron mask), |score| "
+                                           "(ties: weights)")
+            else:
+                sc, how = w, "weights (embedding activation std x ||w_out||)"
+            order = sorted(range(sc.numel()), key=lambda i: (-abs(float(sc[i])), -float(w[i])))
+            top = order[:n_neurons]
+            wl = lens.explain_mlp(name, top, up)
+            wl["neuron_selection"] = how
+            for r in wl["neurons"]:
+                r["selection_score"] = float(sc[r["neuron"]])
+        _label(wl, decode)
+        node = dict(name=name, importance=imp.get(name, 0.0),
+                    upstream=[f"{u}<{r}>" if r else u for u, r in up], weightlens=wl)
+        if clens is not None:
+            node["circuitlens"] = clens.explain(name, circuit_edges)
+        node["description"] = describe(node) if describe else None
+        out[name] = node
+        if progress:
+            v = wl["validated"]
+            progress(f"{name}: {len(v['input'])} inputs, {len(v['promoted'])}+/{len(v['suppressed'])}- "
+                     f"outputs validated{' (context-dependent)' if wl['context_dependent'] else ''}; "
+                     f"{time.perf_counter() - start:.1f}s")
+    return out
+
+
+def _label(obj, decode):
+    """Add readable token text next to every token id of a WeightLens report."""
+    if isinstance(obj, dict):
+        for k in ("id", "tested_with"):
+            if obj.get(k) is not None and isinstance(obj[k], int):
+                obj["token" if k == "id" else "tested_with_token"] = decode([obj[k]])
+        if "validated" in obj and isinstance(obj["validated"], dict):
+            obj["validated_tokens"] = {k: [decode([t]) for t in v] for k, v in obj["validated"].items()}
+        for v in list(obj.values()):
+            if isinstance(v, (dict, list)):
+                _label(v, decode)
+    elif isinstance(obj, list):
+        for v in obj:
+            _label(v, decode)
+
+
+def name_fractions(nodes, names):
+    """Per head: share of its validated output tokens (promoted + suppressed, and each alone)
+    whose text (stripped) is in `names`."""
+    names = set(names)
+    out = {}
+    for name, node in nodes.items():
+        wl = node["weightlens"]
+        if wl["kind"] != "attention":
+            continue
+        vt = wl["validated_tokens"]
+        row = {}
+        for key, toks in (("all", vt["promoted"] + vt["suppressed"]), ("promoted", vt["promoted"]),
+                          ("suppressed", vt["suppressed"])):
+            hit = sum(t.strip() in names for t in toks)
+            row[key] = dict(n=len(toks), names=hit, fraction=hit / len(toks) if toks else None)
+        out[name] = row
+    return out
+
+
+# ---------------------------------------------------------------- the report
+
+def _toks(entries, limit=16):
+    items = [f"`{e['token']!r}` (z {e['z']:.1f})" for e in entries[:limit]]
+    more = len(entries) - limit
+    if not items:
+        return "—"
+    return ", ".join(items) + (f", … {more} more" if more > 0 else "")
+
+
+def _outputs(entries, sign):
+    return [e for e in entries if e["validated"] and e["sign"] == sign]
+
+
+def _share(x):
+    return "—" if x["fraction"] is None else f"{x['fraction']:.2f} ({x['n']})"
+
+
+def _names_table(s):
+    lines = ["## IOI names among validated output tokens", "",
+             "| head | validated outputs | names | share (n) | promoted | suppressed |",
+             "|---|---|---|---|---|---|"]
+    for h, row in s["ioi_names"].items():
+        lines.append(f"| {h} | {row['all']['n']} | {row['all']['names']} | {_share(row['all'])} | "
+                     f"{_share(row['promoted'])} | {_share(row['suppressed'])} |")
+    verdict = "included" if s["done"] else "NOT included"
+    heads = ", ".join(s["name_heads"]) or "none"
+    end = (f"Heads with share >= 0.8: {heads}; the highest-scoring head into logits, "
+           f"{s['top_logits_head']}, is {verdict}.")
+    return lines + ["", end, ""]
+
+
+def _weightlens_lines(wl):
+    if wl["kind"] == "attention":
+        ov, outs = wl["ov_input"], wl["output_tokens"]
+        rejected = _toks([e for e in ov if not e["validated"]], 8)
+        return [f"- OV input tokens, validated: {_toks([e for e in ov if e['validated']])}",
+                f"- OV input candidates rejected by validation: {rejected}",
+                f"- key tokens, validated: {_toks([e for e in wl['key_tokens'] if e['validated']])}",
+                f"- output tokens promoted: {_toks(_outputs(outs, '+'))}",
+                f"- output tokens suppressed: {_toks(_outputs(outs, '-'))}",
+                f"- output candidates not validated: {_toks([e for e in outs if not e['validated']], 8)}"]
+    lines = [f"- neurons chosen by {wl['neuron_selection']}"]
+    for r in wl["neurons"]:
+        flag = ", context-dependent" if r["context_dependent"] else ""
+        inputs = _toks([e for e in r["input_tokens"] if e["validated"]], 8)
+        lines.append(f"- **n{r['neuron']}** (score {r['selection_score']:.3g}{flag}): inputs {inputs}; "
+                     f"promotes {_toks(_outputs(r['output_tokens'], '+'), 8)}; "
+                     f"suppresses {_toks(_outputs(r['output_tokens'], '-'), 8)}")
+    return lines
+
+
+def _circuitlens_lines(cl):
+    c, a = cl["clustering"], cl["activation"]
+    head = (f"CircuitLens: {len(cl['contexts'])} contexts (activation >= {a['active_threshold']:.3g}, "
+            f"the {c['active_quantile']:g} quantile of {a['pool_positions']} positions), "
+            f"{len(cl['clusters'])} clusters ({c['algorithm']}, cut {c['cut']:g}).")
+    lines = ["", head, ""]
+    for k, cluster in enumerate(cl["clusters"]):
+        contrib = ", ".join(f"{x['edge']} ({x['fraction']:.0%}{', circuit' if x['in_circuit'] else ''})"
+                            for x in cluster["contributors"]) or "—"
+        src = ", ".join(f"{name} {n}" for name, n in cluster["sources"].items())
+        lines.append(f"{k + 1}. {cluster['size']} contexts ({src}), mean activation "
+                     f"{cluster['mean_activation']:.3g}; contributors: {contrib}")
+        for t in cluster["top_contexts"]:
+            text = t["text"].replace("\n", "⏎").replace("`", "'")
+            lines.append(f"    - `{text}` ({t['activation']:.3g})")
+    return lines
+
+
+def markdown(report):
+    cfg = report["config"]
+    adapter = " + adapter" if report["adapter"] else ""
+    intro = (f"model `{report['model']}`{adapter}, task `{report['task']}`; WeightLens z = {cfg['z']}, "
+             f"inherited z = {cfg['z_inherit']}; neutral context {cfg['neutral_text']!r}. Definitions: "
+             "the docstrings of condense/weightlens.py and condense/circuitlens.py.")
+    lines = [f"# Node explanations: {report['run_dir']}", "", intro, ""]
+    if "ioi_names" in report["summary"]:
+        lines += _names_table(report["summary"])
+    for name, node in report["nodes"].items():
+        wl = node["weightlens"]
+        cd = "; **context-dependent** (nothing validated)" if wl["context_dependent"] else ""
+        about = (f"{wl['kind']} node, layer {wl['layer']}; circuit importance {node['importance']:.3g}; "
+                 f"circuit inputs from {', '.join(node['upstream']) or 'input only'}{cd}.")
+        lines += [f"## {name}", "", about, ""]
+        if node.get("description"):
+            lines += [f"> {node['description']}", ""]
+        lines += _weightlens_lines(wl)
+        if node.get("circuitlens"):
+            lines += _circuitlens_lines(node["circuitlens"])
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- a run folder
+
+def load_run(run_dir, model=None, device=None, dtype=None):
+    """(recipe, model with the run's adapter if any, tokenizer, graph, model path, adapter?)."""
+    from condense.graph import Graph
+    from condense.models import load_model, load_tokenizer
+    from condense.verify import _read_recipe
+    circuit = os.path.join(run_dir, "circuit.json")
+    if not os.path.exists(circuit):
+        raise FileNotFoundError(f"{run_dir}: no circuit.json to explain")
+    recipe = _read_recipe(run_dir)
+    model_path = model or recipe.get("model") or "checkpoints/organism"
+    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
+    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
+    if adapter:
+        from peft import PeftModel
+        net = PeftModel.from_pretrained(base, run_dir).eval()
+    else:
+        net = base
+    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
+    return recipe, net, tokenizer, Graph.from_json(circuit, net), model_path, adapter
+
+
+def _describer(spec):
+    if not spec:
+        return None
+    module, _, fn = spec.partition(":")
+    if not fn:
+        raise ValueError(f"--describe {spec!r}: expected module:function")
+    return getattr(importlib.import_module(module), fn)
+
+
+def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, max_nodes=None,
+                n_neurons=8, neuron_ranking="attribution", split="test", n_task=64, n_general=32,
+                block_size=64,
+                neutral_text=DEFAULT_NEUTRAL, task=None, model=None, device=None, dtype=None,
+                describe=None, seed=0, circuitlens=True, progress=print):
+    from condense import tasks
+    from condense.artifacts import atomic_write, write_json
+    begin = time.perf_counter()
+    recipe, net, tok, graph, model_path, adapter = load_run(run_dir, model, device, dtype)
+    task = task or recipe.get("task")
+    intervention = recipe.get("intervention") or "patching"
+    if intervention == "mean":
+        intervention = "patching"  # neuron attribution below; mean ablation would need means
+
+    def decode(ids):
+        return tok.decode(list(ids))
+    rows = tasks.load_task(task, tok, split, n=n_task, seed=seed) if task else None
+    pool = None
+    if circuitlens:
+        seqs, sources = [], []
+        if rows is not None:
+            seqs += [list(r) for r in rows["clean_ids"]]
+            sources += ["task"] * len(rows)
+        if n_general:
+            gen = tasks.general_text(tok, "test", block_size=block_size)
+            seqs += [list(x) for x in gen["input_ids"][:n_general]]
+            sources += ["general"] * min(n_general, len(gen))
+        pool = (seqs, sources)
+    neutral = tok.encode(neutral_text, add_special_tokens=False)
+    with_special = tok.encode("a")
+    prefix = ([tok.bos_token_id] if tok.bos_token_id is not None and with_special
+              and with_special[0] == tok.bos_token_id else [])
+    lcfg = LensConfig(z=z, z_inherit=z_inherit, seed=seed)
+    ccfg = CircuitLensConfig(n_contexts=n_contexts, seed=seed)
+    nodes = explain_circuit(net, graph, decode=decode, neutral_ids=neutral, prefix_ids=prefix,
+                            vocab_size=len(tok), task_rows=rows, pool=pool, max_nodes=max_nodes,
+                            n_neurons=n_neurons, neuron_ranking=neuron_ranking,
+                            intervention=intervention, lens_config=lcfg,
+                            lens_circuit_config=ccfg, describe=describe, progress=progress)
+    summary = dict(n_nodes=len(nodes), context_dependent=[n for n, v in nodes.items()
+                                                          if v["weightlens"]["context_dependent"]],
+                   top_logits_head=top_logits_head(graph))
+    if task == "ioi":
+        names = tasks.word_pools(tok)["names"]
+        fr = name_fractions(nodes, names)
+        heads = [h for h, row in fr.items() if row["all"]["fraction"] is not None
+                 and row["all"]["fraction"] >= 0.8]
+        summary.update(ioi_names=fr, name_heads=heads, done=summary["top_logits_head"] in heads)
+    report = dict(run_dir=run_dir, model=model_path, adapter=adapter, task=task, split=split,
+                  config=dict(z=z, z_inherit=z_inherit, n_contexts=n_contexts, max_nodes=max_nodes,
+                              n_neurons=n_neurons, neuron_ranking=neuron_ranking, n_task=n_task,
+                              n_general=n_general,
+                              block_size=block_size, neutral_text=neutral_text,
+                              neutral_ids=neutral, prefix_ids=prefix, seed=seed,
+                              lens=vars(lcfg), circuitlens=vars(ccfg) if circuitlens else None),
+                  summary=summary, nodes=nodes, seconds=time.perf_counter() - begin)
+    out = out_dir or run_dir
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "explain.json"), report)
+    atomic_write(os.path.join(out, "explain.md"), markdown(report))
+    return report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python -m condense.explain",
+        description="Explain the nodes of a run's circuit (WeightLens + CircuitLens); writes "
+                    "explain.json and explain.md into the run folder.")
+    ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
+    ap.add_argument("--out", default=None, help="write here instead of the run folder")
+    ap.add_argument("--z", type=float, default=4.0, help="vocabulary z-score of weight candidates")
+    ap.add_argument("--z-inherit", type=float, default=3.0, help="z-score of inherited tokens")
+    ap.add_argument("--n-contexts", type=int, default=24, help="CircuitLens contexts per node")
+    ap.add_argument("--max-nodes", type=int, default=None, help="explain only the N most important nodes")
+    ap.add_argument("--neurons", type=int, default=8, help="top neurons per MLP node")
+    ap.add_argument("--neuron-ranking", default="attribution", choices=("attribution", "weights"),
+                    help="how an MLP node's top neurons are chosen (attribution needs the task)")
+    ap.add_argument("--split", default="test", choices=("train", "val", "test"))
+    ap.add_argument("--n-task", type=int, default=64, help="task prompts (neuron attribution, contexts)")
+    ap.add_argument("--n-general", type=int, default=32, help="general-text blocks for contexts")
+    ap.add_argument("--block-size", type=int, default=64, help="tokens per general-text block")
+    ap.add_argument("--neutral-text", default=DEFAULT_NEUTRAL, help="validation context")
+    ap.add_argument("--no-circuitlens", action="store_true", help="WeightLens only")
+    ap.add_argument("--task", default=None, help="task (recipe's task)")
+    ap.add_argument("--model", default=None, help="base model (recipe's model)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--describe", default=None,
+                    help="module:function turning a node's report into a description (optional)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = explain_run(
+        args.run_dir, out_dir=args.out, z=args.z, z_inherit=args.z_inherit, n_contexts=args.n_contexts,
+        max_nodes=args.max_nodes, n_neurons=args.neurons, neuron_ranking=args.neuron_ranking,
+        split=args.split, n_task=args.n_task,
+        n_general=args.n_general, block_size=args.block_size, neutral_text=args.neutral_text,
+        task=args.task, model=args.model, device=args.device, dtype=args.dtype,
+        describe=_describer(args.describe), seed=args.seed, circuitlens=not args.no_circuitlens)
+    s = report["summary"]
+    msg = (f"{s['n_nodes']} nodes explained, {len(s['context_dependent'])} context-dependent; "
+           f"{report['seconds']:.1f}s -> {args.out or args.run_dir}/explain.json, explain.md")
+    if "ioi_names" in s:
+        msg += (f"\nheads with >= 80% names among validated outputs: {s['name_heads']}; top head into "
+                f"logits {s['top_logits_head']}: {'included' if s['done'] else 'not included'}")
+    print(msg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The one optimisation loop of condense: heal (LoRA), Edge Pruning / HAP (edge masks) and
+S3martCirc (node coefficients) all train through `fit`, so progress bars, NaN handling and
+data parallelism behave the same everywhere.
+
+Data parallelism (`accelerate launch --multi_gpu --num_processes N`, or ACCELERATE_USE_CPU=1
+on CPU): every process draws the *same* batch indices from the same seeded generator, takes
+its share with `shard`, and `fit` averages the gradients over processes before each step. With
+equal shares the averaged gradient is the gradient of the whole batch's mean loss, so N
+processes take the same steps as one (up to float summation order). Parameters are never
+wrapped in DDP: our forwards are run_graph calls, not model.__call__.
+"""
+import torch
+from tqdm.auto import tqdm
+
+
+class Diverged(RuntimeError):
+    """The loss or a trained parameter became NaN/inf."""
+
+
+def world():
+    """(rank, number of processes) of torch.distributed, (0, 1) when not initialised."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard(items):
+    """This process's share of `items` (a list of indices): items[rank::world]. Use batch sizes
+    divisible by the number of processes, or the shares (and so the mean) are unequal."""
+    rank, size = world()
+    return items[rank::size] if size > 1 else items
+
+
+def all_reduce_(tensor, op="sum"):
+    """In-place sum (or mean) over processes; a no-op on one process. Returns `tensor`."""
+    size = world()[1]
+    if size > 1:
+        import torch.distributed as dist
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        if op == "mean":
+            tensor /= size
+    return tensor
+
+
+def fit(param_groups, loss_fn, steps, *, lr, weight_decay=0.0, desc="train", progress=True,
+        after_step=None, check_finite=True, postfix_every=10, stop_below=None, window=10):
+    """`steps` AdamW steps; returns the per-step losses (averaged over processes).
+
+    param_groups: a list of tensors, or of dicts as torch.optim takes them (per-group `lr`,
+        `weight_decay`, `maximize`: e.g. Lagrange multipliers that are maximised).
+    loss_fn(step) -> scalar loss of this process's share of the step's batch (see `shard`).
+    after_step(step, loss) is called after each update (e.g. to clamp or log).
+    stop_below: stop early once the mean of the last `window` losses is below this (the
+        losses are all-reduced, so every process stops at the same step).
+    Raises Diverged if a loss or a parameter becomes NaN/inf; every process raises together,
+    since the loss checked is the all-reduced one."""
+    groups = list(param_groups)
+    if groups and isinstance(groups[0], torch.Tensor):
+        groups = [{"params": groups}]
+    params = [p for g in groups for p in g["params"]]
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    losses = []
+    bar = tqdm(range(steps), desc=desc, disable=not progress or world()[0] != 0)
+    for step in bar:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(step)
+        loss.backward()
+        value = all_reduce_(loss.detach().float().reshape(1).clone(), "mean")
+        if check_finite and not torch.isfinite(value).all():
+            raise Diverged(f"{desc}: loss {value.item()} at step {step}")
+        _average_gradients(params)
+        opt.step()
+        if check_finite:
+            bad = torch.stack([(~torch.isfinite(p)).any().float() for p in params])
+            if all_reduce_(bad).sum() > 0:
+                raise Diverged(f"{desc}: parameters not finite after step {step}")
+        losses.append(value.item())
+        if after_step is not None:
+            after_step(step, losses[-1])
+        if step % postfix_every == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if stop_below is not None and len(losses) >= window \
+                and sum(losses[-window:]) / window < stop_below:
+            break
+    bar.close()
+    return losses
+
+
+def _average_gradients(params):
+    """Mean of every gradient over processes, as one flat all-reduce."""
+    if world()[1] == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = all_reduce_(torch.cat([g.reshape(-1) for g in grads]).float(), "mean")
+    start = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[start:start + n].view_as(p).to(p.dtype)
+        start += n

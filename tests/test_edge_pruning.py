@@ -1,0 +1,229 @@
+"""Edge Pruning and HAP (condense/edge_pruning.py): the hard-concrete math against direct
+formulas, the Lagrangian's signs under fit's maximisation, HAP's fixed-off non-candidates,
+the thresholding to the learned sparsity, and short recipe runs that write artifacts."""
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from condense import edge_pruning as ep
+from condense import run_scoring, tasks, train
+from condense.attribute import attribute
+from condense.config import RecipeError
+from condense.graph import Graph
+
+from .conftest import ORGANISM
+from .tiny import randomize_weights
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A 2-layer random GPT-2 (weights redrawn so that edges matter) with the organism's
+    tokenizer, saved to a folder (recipes load models by path)."""
+    if not os.path.exists(os.path.join(ORGANISM, "tokenizer.json")):
+        pytest.skip("needs the organism's tokenizer in checkpoints/organism")
+    folder = tmp_path_factory.mktemp("tiny_ep")
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(ORGANISM, name)):
+            shutil.copy(os.path.join(ORGANISM, name), folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tokenizer),
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    randomize_weights(GPT2LMHeadModel(config), seed=1, scale=2.0).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    model = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    rows = tasks.load_task("ioi", tokenizer, "train", n=16, seed=0)
+    return model, rows
+
+
+def cfg_for(**keys):
+    base = dict(ep_batch_size=8, batch_size=8, ep_lr=0.1, ep_lambda_lr=0.1, threads=1)
+    base.update(keys)
+    return train.RunConfig(**base)
+
+
+# ------------------------------------------------------------------ hard-concrete math
+def test_hard_concrete_sample_and_expectation_match_the_formulas():
+    log_alpha = torch.tensor([-3.0, -0.5, 0.0, 0.7, 2.5, 10.0], dtype=torch.float64)
+    u = torch.tensor([0.01, 0.3, 0.5, 0.62, 0.9, 0.999], dtype=torch.float64)
+    beta, l, r = 2 / 3, -0.1, 1.1
+    for la, uu, z in zip(log_alpha.tolist(), u.tolist(), ep.hard_concrete(log_alpha, u).tolist()):
+        s = 1 / (1 + math.exp(-(math.log(uu) - math.log(1 - uu) + la) / beta))
+        assert z == pytest.approx(min(1.0, max(0.0, s * (r - l) + l)), abs=1e-12)
+    # the L0 expectation P(z != 0) = sigmoid(log_alpha - beta log(-l/r)), and Monte Carlo agrees
+    expected = [1 / (1 + math.exp(-(la - beta * math.log(-l / r)))) for la in log_alpha.tolist()]
+    assert ep.keep_probability(log_alpha).tolist() == pytest.approx(expected, abs=1e-12)
+    gen = torch.Generator().manual_seed(0)
+    uu = ep.sample_uniform(200_000, gen, dtype=torch.float64)
+    for la, p in zip(log_alpha.tolist(), expected):
+        z = ep.hard_concrete(torch.full_like(uu, la), uu)
+        assert float((z > 0).double().mean()) == pytest.approx(p, abs=0.005)
+        assert float(z.min()) >= 0.0 and float(z.max()) <= 1.0
+    # the stretch makes exact zeros and ones (a gate is really off or on)
+    z = ep.hard_concrete(torch.zeros_like(uu), uu)
+    assert bool((z == 0).any()) and bool((z == 1).any())
+    det = ep.deterministic_mask(log_alpha)
+    assert det.tolist() == pytest.approx(
+        [min(1, max(0, (1 / (1 + math.exp(-la))) * (r - l) + l)) for la in log_alpha.tolist()])
+
+
+def test_binary_circuit_has_the_learned_number_of_edges(tiny):
+    model, _ = tiny
+    graph = Graph.from_model(model)
+    masks = ep.EdgeMasks(graph, init=0.0)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        masks.log_alpha.copy_(torch.randn(masks.n_trainable, generator=gen) * 4 - 3)
+    k = round(float(ep.keep_probability(masks.log_alpha.detach()).sum()))
+    assert 0 < k < masks.n_trainable
+    binary = masks.binary()
+    assert int(binary.sum()) == k == masks.n_kept()
+    # the kept edges are exactly the k largest log-alphas
+    full = masks.full_log_alpha()
+    assert float(full[binary].min()) >= float(full[graph.valid & ~binary].max())
+    circuit = masks.circuit(graph)
+    assert circuit.count_edges() == k
+    assert torch.allclose(circuit.scores[graph.valid], ep.keep_probability(full[graph.valid]))
+    assert 1 - masks.learned_sparsity() == pytest.approx(float(masks.expected_kept().detach()) / graph.valid.sum().item())
+
+
+# ------------------------------------------------------------------ the objective
+def test_target_ramp_and_hap_schedule():
+    assert ep.target_at(0, 0.0, 0.9, 100) == 0.0
+    assert ep.target_at(50, 0.0, 0.9, 100) == pytest.approx(0.45)
+    assert ep.target_at(100, 0.0, 0.9, 100) == 0.9 and ep.target_at(7, 0.2, 0.9, 0) == 0.9
+    assert ep.target_at(25, 0.7, 0.9, 100) == pytest.approx(0.75)
+    cfg = cfg_for(ep_steps=1000, ep_ramp_fraction=0.8, ep_target_sparsity=0.95)
+    assert ep.ep_schedule(cfg) == (1000, 800)
+    # HAP keeps EP's ramp rate over the sparsity left to learn, then EP's 200 settle steps
+    ramp = round(800 * (0.95 - 0.7) / 0.95)
+    assert ep.hap_schedule(cfg, 0.7) == (ramp + 200, ramp)
+    assert ep.hap_schedule(cfg, 0.97) == (200, 0)          # candidates already sparse enough
+    assert ep.hap_schedule(cfg_for(hap_steps=50, ep_ramp_fraction=0.5), 0.7) == (50, 25)
+
+
+def test_lagrangian_signs_under_maximisation(tiny):
+    """Too dense (s < t): lambda1 goes negative, lambda2 positive, and the gates close.
+    Too sparse (s > t): lambda1 goes positive and the gates open."""
+    model, rows = tiny
+    graph = Graph.from_model(model)
+    target_logp = ep.full_logprobs(model, rows, 8)
+    s, t = torch.tensor(0.2, requires_grad=True), 0.5
+    lam = torch.tensor([-1.0, 2.0], requires_grad=True)
+    ep.lagrangian(s, t, lam[0], lam[1]).backward()
+    assert float(s.grad) == pytest.approx(-1.0 + 2 * 2.0 * (0.2 - 0.5))
+    assert lam.grad.tolist() == pytest.approx([0.2 - 0.5, (0.2 - 0.5) ** 2])
+
+    cfg = cfg_for(ep_target_sparsity=0.5, ep_ramp_fraction=0.0)
+    dense = ep.EdgeMasks(graph, init=3.0, generator=torch.Generator().manual_seed(0))
+    s0 = dense.learned_sparsity()
+    history, lambdas = ep.train_masks(model, graph, dense, rows, target_logp, cfg, steps=4,
+                                      ramp_steps=0, progress=False)
+    assert s0 < 0.5 and float(lambdas[0]) < 0 < float(lambdas[1])
+    assert dense.learned_sparsity() > s0 and all(h["target"] == 0.5 for h in history)
+
+    sparse = ep.EdgeMasks(graph, init=-5.0, generator=torch.Generator().manual_seed(0))
+    s0 = sparse.learned_sparsity()
+    _, lambdas = ep.train_masks(model, graph, sparse, rows, target_logp, cfg, steps=4,
+                                ramp_steps=0, progress=False)
+    assert s0 > 0.5 and float(lambdas[0]) > 0 and float(lambdas[1]) > 0
+    assert sparse.learned_sparsity() < s0
+
+
+def test_hap_trains_only_candidates_and_keeps_the_rest_off(tiny):
+    model, rows = tiny
+    graph = Graph.from_model(model)
+    cfg = cfg_for(hap_candidates=12, ep_target_sparsity=0.9)
+    candidates = ep.hap_candidates(model, graph, rows, cfg, progress=False)
+    # the candidates are the top 12 edges by |EAP score|
+    scores = attribute(model, Graph.from_model(model), rows, "eap", batch_size=8, progress=False)
+    assert int(candidates.sum()) == 12
+    assert float(scores.abs()[candidates].min()) >= float(scores.abs()[graph.valid & ~candidates].max())
+
+    masks = ep.EdgeMasks(graph, candidates, init=10.0, generator=torch.Generator().manual_seed(0))
+    n_edges = int(graph.valid.sum())
+    assert masks.n_trainable == 12 and masks.log_alpha.shape == (12,)
+    assert masks.learned_sparsity() == pytest.approx(1 - 12 / n_edges, abs=1e-4)  # over ALL edges
+    z = masks.sample(ep.sample_uniform(12, torch.Generator().manual_seed(1)))
+    assert float(z.detach()[~candidates].abs().max()) == 0.0 and float(z.detach()[candidates].min()) > 0
+    before = masks.log_alpha.detach().clone()
+    target_logp = ep.full_logprobs(model, rows, 8)
+    ep.train_masks(model, graph, masks, rows, target_logp, cfg, steps=3, ramp_steps=0,
+                   start_sparsity=1 - 12 / n_edges, progress=False)
+    assert not torch.equal(before, masks.log_alpha.detach())
+    assert not bool((masks.binary() & ~candidates).any())
+    assert float(masks.keep_scores()[~candidates].abs().max()) == 0.0
+
+
+# ------------------------------------------------------------------ runs from recipes
+def run_recipe(tmp_path, model_dir, **keys):
+    import yaml
+    path = tmp_path / "recipe.yaml"
+    base = dict(model=model_dir, task="ioi", n_train=16, n_val=8, n_test=16, batch_size=8,
+                ep_batch_size=8, ep_steps=12, ep_target_sparsity=0.8, ep_ramp_fraction=0.5,
+                ep_lr=0.5, ep_lambda_lr=0.5, threads=1, output_dir=str(tmp_path / "run"))
+    base.update(keys)
+    path.write_text(yaml.safe_dump(base))
+    return train.main(["--recipe", str(path)]), tmp_path / "run"
+
+
+@pytest.mark.parametrize("method", ["edge_pruning", "hap"])
+def test_run_writes_artifacts_that_read_back(tiny_dir, tmp_path, method):
+    metrics, out = run_recipe(tmp_path, tiny_dir, method=method, hap_candidates=30)
+    for name in ("circuit.json", "circuit.png", "training.png", "training.jsonl", "metrics.json",
+                 "recipe.yaml", "state/masks.safetensors"):
+        assert (out / name).stat().st_size > 0, name
+    with open(out / "metrics.json") as f:
+        saved = json.load(f)
+    assert saved == json.loads(json.dumps(metrics)) and saved["method"] == method
+    for key in ("accuracy", "logit_diff", "kl", "faithfulness", "edges", "edges_kept", "sparsity",
+                "steps", "search_seconds"):
+        assert key in saved, key
+    model = GPT2LMHeadModel.from_pretrained(tiny_dir)
+    graph = Graph.from_json(out / "circuit.json", model)
+    assert graph.count_edges() == graph.count_edges(on_path=True) == saved["edges"]
+    # circuit.json's scores are P(z != 0): thresholding them to round(sum) edges and pruning
+    # gives the circuit, and that sum is the learned sparsity
+    valid = graph.valid
+    k = round(float(graph.scores[valid].double().sum()))
+    assert k == saved["edges_kept"]
+    assert 1 - k / int(valid.sum()) == pytest.approx(saved["sparsity"], abs=1 / int(valid.sum()))
+    again = graph.copy()
+    again.apply_topn(k)
+    assert again.count_edges() == k
+    again.prune()
+    assert torch.equal(again.in_graph, graph.in_graph)
+    from safetensors.torch import load_file
+    log_alpha = load_file(str(out / "state" / "masks.safetensors"))["log_alpha"]
+    gated = torch.isfinite(log_alpha)
+    if method == "hap":
+        assert int(gated.sum()) == 30 == saved["n_candidates"] == saved["n_gated"]
+        assert saved["steps"] < 12  # the candidates met part of the sparsity
+        assert float(graph.scores[valid & ~gated].abs().max()) == 0.0
+        assert not bool((graph.in_graph & ~gated).any())
+    else:
+        assert torch.equal(gated, valid) and saved["steps"] == 12
+
+
+def test_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_scoring, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    for method, key, value in (("edge_pruning", "ep_target_sparsity", 1.5),
+                               ("edge_pruning", "ep_steps", 0),
+                               ("hap", "hap_candidate_fraction", 0.0),
+                               ("hap", "hap_attribution", "acdc")):
+        with pytest.raises(RecipeError, match=key):
+            run_recipe(tmp_path, "no/such/model", method=method, **{key: value})
