@@ -298,22 +298,12 @@ def markdown(report):
 def load_run(run_dir, model=None, device=None, dtype=None):
     """(recipe, model with the run's adapter if any, tokenizer, graph, model path, adapter?)."""
     from condense.graph import Graph
-    from condense.models import load_model, load_tokenizer
-    from condense.verify import _read_recipe
+    from condense.verify import _read_recipe, load_run_model
     circuit = os.path.join(run_dir, "circuit.json")
     if not os.path.exists(circuit):
         raise FileNotFoundError(f"{run_dir}: no circuit.json to explain")
     recipe = _read_recipe(run_dir)
-    model_path = model or recipe.get("model") or "checkpoints/organism"
-    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
-    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
-    if adapter:
-        from peft import PeftModel
-        net = PeftModel.from_pretrained(base, run_dir).eval()
-    else:
-        net = base
-    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
+    net, tokenizer, model_path, adapter, _ = load_run_model(run_dir, recipe, model, device, dtype)
     return recipe, net, tokenizer, Graph.from_json(circuit, net), model_path, adapter
 
 

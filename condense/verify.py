@@ -274,6 +274,23 @@ def _read_recipe(run_dir):
         return yaml.safe_load(f) or {}
 
 
+def load_run_model(run_dir, recipe, model=None, device=None, dtype=None):
+    """(model with the run's adapter if it has one, tokenizer, model path, adapter?, device)
+    for a run folder, as its recipe.yaml describes it (shared by verify and explain)."""
+    from condense.models import load_model, load_tokenizer
+    model_path = model or recipe.get("model") or "checkpoints/organism"
+    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
+    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
+    if adapter:
+        from peft import PeftModel
+        net = PeftModel.from_pretrained(base, run_dir).eval()
+    else:
+        net = base
+    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
+    return net, tokenizer, model_path, adapter, device
+
+
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True):
@@ -281,7 +298,6 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     from condense.graph import Graph
-    from condense.models import load_model, load_tokenizer
     from condense.patching import compute_means
     from condense.subsets import Progress
 
@@ -291,7 +307,6 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         raise FileNotFoundError(f"{run_dir}: no circuit.json to verify")
     check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
     recipe = _read_recipe(run_dir)
-    model_path = model or recipe.get("model") or "checkpoints/organism"
     task = task or recipe.get("task")
     if task is None:
         raise ValueError(f"{run_dir}/recipe.yaml names no task; pass --task")
@@ -299,16 +314,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     threshold = threshold if threshold is not None else float(recipe.get("faithfulness_threshold", 0.9))
     batch_size = batch_size or int(recipe.get("batch_size", 32))
     seed = int(recipe.get("seed", 0))
-    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-
-    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
-    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
-    if adapter:
-        from peft import PeftModel
-        net = PeftModel.from_pretrained(base, run_dir).eval()
-    else:
-        net = base
-    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
+    net, tokenizer, model_path, adapter, device = load_run_model(run_dir, recipe, model, device,
+                                                                 dtype)
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
     graph = Graph.from_json(circuit_path, net)
     means = None
