@@ -133,7 +133,7 @@ class RunConfig:
     # edge pruning / HAP (methods: edge_pruning, hap; condense/edge_pruning.py)
     ep_steps: int = field(default=1000, metadata={
         "help": "edge_pruning/hap: AdamW steps of the mask training (hap: see hap_steps)"})
-    ep_lr: float = field(default=0.3, metadata={
+    ep_lr: float = field(default=0.1, metadata={
         "help": "edge_pruning/hap: learning rate of the hard-concrete log-alphas"})
     ep_lambda_lr: float = field(default=0.3, metadata={
         "help": "edge_pruning/hap: learning rate of the Lagrange multipliers (maximised)"})

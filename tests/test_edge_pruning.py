@@ -144,6 +144,20 @@ def test_lagrangian_signs_under_maximisation(tiny):
     assert sparse.learned_sparsity() < s0
 
 
+def test_log_alphas_stay_within_the_bound(tiny):
+    """A large lr would throw gates far past +-10, where the sigmoid gradient underflows to 0
+    and a gate never moves again: train_masks clamps them to +-max(10, init)."""
+    model, rows = tiny
+    graph = Graph.from_model(model)
+    target_logp = ep.full_logprobs(model, rows, 8)
+    masks = ep.EdgeMasks(graph, init=10.0, generator=torch.Generator().manual_seed(0))
+    cfg = cfg_for(ep_lr=50.0, ep_target_sparsity=0.9, ep_ramp_fraction=0.0)
+    ep.train_masks(model, graph, masks, rows, target_logp, cfg, steps=3, ramp_steps=0,
+                   progress=False)
+    assert float(masks.log_alpha.detach().abs().max()) <= ep.LOG_ALPHA_BOUND + 1e-6
+    assert float(masks.log_alpha.detach().min()) == pytest.approx(-ep.LOG_ALPHA_BOUND)
+
+
 def test_hap_trains_only_candidates_and_keeps_the_rest_off(tiny):
     model, rows = tiny
     graph = Graph.from_model(model)
