@@ -367,7 +367,31 @@ def _wandb_log(accelerator, cfg, record):
 
 
 # ------------------------------------------------------------------ the runner
+def check_config(cfg):
+    """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
+    from condense.config import RecipeError
+
+    def bad(key, why):
+        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(cfg, key)!r}")
+
+    for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
+        if getattr(cfg, key) < 1:
+            bad(key, "must be >= 1")
+    for key in ("heal_general_weight", "heal_stop_loss", "n_general"):
+        if getattr(cfg, key) < 0:
+            bad(key, "must be >= 0")
+    if not cfg.heal_lr > 0:
+        bad("heal_lr", "must be > 0")
+    if not 0 < cfg.prune_fraction <= 1:
+        bad("prune_fraction", "must lie in (0, 1]")
+    if not 0 < cfg.min_prune_fraction <= cfg.prune_fraction:
+        bad("min_prune_fraction", f"must lie in (0, prune_fraction = {cfg.prune_fraction}]")
+    if cfg.init_circuit and not os.path.exists(cfg.init_circuit):
+        bad("init_circuit", "no such circuit.json")
+
+
 def run_condense(cfg, accelerator, output_dir):
+    check_config(cfg)
     start_time = time.perf_counter()
     out = output_dir
     device = torch.device(cfg.device) if cfg.device else accelerator.device

@@ -530,17 +530,40 @@ def done_when(s3, compared):
 
 # ---------------------------------------------------------------- runner
 
+def check_config(cfg):
+    """Refuse values the run cannot use, naming the key, before any model loads."""
+    from condense.config import RecipeError
+
+    def bad(key, why):
+        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(cfg, key)!r}")
+
+    for b in cfg.s3_baselines or []:
+        if b not in BASELINES:
+            raise RecipeError(f"recipe key 's3_baselines': unknown {b!r}; valid: "
+                              f"{', '.join(BASELINES)}")
+    if cfg.s3_epochs < 1:
+        bad("s3_epochs", "must be >= 1")
+    if not 0 <= cfg.s3_warmup_epochs <= cfg.s3_epochs:
+        bad("s3_warmup_epochs", f"must lie in [0, s3_epochs = {cfg.s3_epochs}]")
+    if cfg.s3_k < 0:
+        bad("s3_k", "must be >= 0")
+    if not cfg.s3_lr > 0:
+        bad("s3_lr", "must be > 0")
+    if not 0 <= cfg.s3_alpha <= 1:
+        bad("s3_alpha", "must lie in [0, 1]")
+    if cfg.s3_sparsity < 0:
+        bad("s3_sparsity", "must be >= 0")
+
+
 def run_s3martcirc(cfg, accelerator, output_dir):
     """The whole S3martCirc run (see the module docstring); returns metrics.json's contents."""
     from condense.recovery import PAPER_BUDGETS, default_reference
     from condense.run_scoring import ablation_means, load_model_and_rows
 
+    check_config(cfg)
     main = accelerator.is_main_process
     device = torch.device(cfg.device) if cfg.device else accelerator.device
     baselines = list(cfg.s3_baselines or [])
-    for b in baselines:
-        if b not in BASELINES:
-            raise ValueError(f"s3_baselines: unknown {b!r}; valid: {', '.join(BASELINES)}")
     model, _, rows = load_model_and_rows(cfg, device)
     graph = Graph.from_model(model)
     means = ablation_means(model, graph, rows, cfg)

@@ -36,6 +36,11 @@ def _recipe(tmp_path, model, **over):
     return str(path)
 
 
+def load_config_for(tmp_path, *overrides):
+    from condense.train import load_config
+    return load_config(_recipe(tmp_path, "nowhere"), list(overrides))
+
+
 def _run(recipe, *overrides):
     from condense.train import load_config, run
     return run(load_config(recipe, list(overrides)))
@@ -169,6 +174,18 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
         _run(_recipe(tmp_path, "nowhere", heal_stepz=3))
     with pytest.raises(RecipeError, match="heal_steps"):
         _run(_recipe(tmp_path, "nowhere"), "heal_steps=abc")
+    # out-of-range values fail in the runner's check, still before any model loads
+    for override, key in (("init_circuit=nope.json", "init_circuit"),
+                          ("heal_stop_loss=-1", "heal_stop_loss"),
+                          ("heal_general_batch=0", "heal_general_batch"),
+                          ("min_prune_fraction=0.5", "min_prune_fraction")):
+        with pytest.raises(RecipeError, match=key):
+            _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")
+    import condense.s3martcirc as s3
+    monkeypatch.setattr(rs, "load_model_and_rows", boom)
+    for override, key in (("s3_epochs=0", "s3_epochs"), ("s3_baselines=[nope]", "s3_baselines")):
+        with pytest.raises(RecipeError, match=key):
+            s3.run_s3martcirc(load_config_for(tmp_path, "method=s3martcirc", override), None, None)
 
 
 def test_recipes_parse():
