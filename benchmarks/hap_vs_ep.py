@@ -2,6 +2,7 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
+        [--seeds 0,1,2]
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
 Per task, with the recipes' settings (condense/edge_pruning.py; RunConfig defaults unless a
@@ -14,6 +15,11 @@ flag says otherwise):
 - EP@HAP steps (unless --no-control): Edge Pruning over all edges with HAP's step count, to
   show what the steps alone buy.
 Each circuit is evaluated on the test rows (accuracy, logit difference, KL, faithfulness).
+EP, HAP and the control are evaluated twice: thresholded to their learned sparsity (the
+method's circuit) and to exactly the target's edge count (`<method>@target`, the same masks):
+the learned sizes differ from run to run and KL depends steeply on size, so the second is
+the like-for-like comparison. With several `--seeds` (each its own rows, gate noise and
+batch order) the last lines give HAP / EP ratios of the means over seeds.
 Time is the whole search (targets, EAP for HAP, mask training, thresholding), single
 process, measured in this one run, as wall-clock and as this process's CPU time (with one
 thread the two agree on an idle machine; CPU time is what other jobs disturb less); a
@@ -57,6 +63,7 @@ def bench_task(model, tokenizer, task, args):
     cfg = RunConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
                     ep_steps=args.steps, ep_target_sparsity=args.target,
                     hap_candidate_fraction=args.candidates, seed=args.seed)
+    print(f"{task}, seed {args.seed}", flush=True)
     rows = {s: tasks.load_task(task, tokenizer, s, n=n, seed=cfg.seed)
             for s, n in (("train", args.n_train), ("test", args.n_test))}
     reference = reference_outputs(model, Graph.from_model(model), rows["test"], batch_size=32)
@@ -86,18 +93,24 @@ def bench_task(model, tokenizer, task, args):
     eap.prune()
     add("eap", eap, time.perf_counter() - start, time.process_time() - cpu_start, extra=dict(edges_kept=n_target))
 
+    def add_search(method, r, extra):
+        add(method, r["circuit"], r["search_seconds"], r["cpu_seconds"], r["steps"],
+            dict(edges_kept=r["edges_kept"], train_seconds=r["train_seconds"], **extra))
+        # the same masks thresholded to exactly the target's edge count (EAP's n): the learned
+        # sparsity differs between runs, and KL depends steeply on the size
+        at_target = r["masks"].circuit(graph, k=n_target)
+        at_target.prune()
+        add(method + "@target", at_target, r["search_seconds"], r["cpu_seconds"], r["steps"],
+            dict(edges_kept=n_target, train_seconds=r["train_seconds"], **extra))
+
     ep = search(model, rows["train"], cfg, hap=False, progress=False)
-    add("edge_pruning", ep["circuit"], ep["search_seconds"], ep["cpu_seconds"], ep["steps"],
-        dict(edges_kept=ep["edges_kept"], train_seconds=ep["train_seconds"]))
+    add_search("edge_pruning", ep, {})
     hap = search(model, rows["train"], cfg, hap=True, progress=False)
-    add("hap", hap["circuit"], hap["search_seconds"], hap["cpu_seconds"], hap["steps"],
-        dict(edges_kept=hap["edges_kept"], train_seconds=hap["train_seconds"],
-             rank_seconds=hap["rank_seconds"], n_candidates=hap["n_candidates"]))
+    add_search("hap", hap, dict(rank_seconds=hap["rank_seconds"], n_candidates=hap["n_candidates"]))
     if args.control:
         short = dataclasses.replace(cfg, ep_steps=hap["steps"])
         ctl = search(model, rows["train"], short, hap=False, progress=False)
-        add("ep@hap_steps", ctl["circuit"], ctl["search_seconds"], ctl["cpu_seconds"], ctl["steps"],
-            dict(edges_kept=ctl["edges_kept"], train_seconds=ctl["train_seconds"]))
+        add_search("ep@hap_steps", ctl, {})
 
     by = {r["method"]: r for r in results}
     summary = dict(
@@ -107,10 +120,14 @@ def bench_task(model, tokenizer, task, args):
         hap_step_saving=1 - by["hap"]["steps"] / by["edge_pruning"]["steps"],
         hap_kl_ratio=by["hap"]["kl"] / by["edge_pruning"]["kl"],
         hap_accuracy_diff=by["hap"]["accuracy"] - by["edge_pruning"]["accuracy"],
+        hap_kl_ratio_at_target=by["hap@target"]["kl"] / by["edge_pruning@target"]["kl"],
+        hap_accuracy_diff_at_target=(by["hap@target"]["accuracy"]
+                                     - by["edge_pruning@target"]["accuracy"]),
         heads_hap_not_eap=sorted(heads(hap["circuit"]) - heads(eap)),
         heads_eap_not_hap=sorted(heads(eap) - heads(hap["circuit"])),
         heads_hap=sorted(heads(hap["circuit"])), heads_eap=sorted(heads(eap)))
     quality = summary["hap_kl_ratio"] <= 1.10 and abs(summary["hap_accuracy_diff"]) <= 0.03
+    summary["seed"] = args.seed
     summary["done_when"] = bool(summary["hap_speedup"] >= 0.46 and quality)
     summary["done_when_cpu"] = bool(summary["hap_speedup_cpu"] >= 0.46 and quality)
     print(f"  {task}: HAP {100 * summary['hap_speedup']:.1f} % faster than EP (CPU time "
@@ -130,7 +147,8 @@ def main():
     ap.add_argument("--candidates", type=float, default=0.3, help="HAP candidate fraction")
     ap.add_argument("--n-train", type=int, default=200)
     ap.add_argument("--n-test", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0",
+                    help="comma-separated seeds (each: its own rows, gate noise and batches)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-control", dest="control", action="store_false",
                     help="skip Edge Pruning at HAP's step count")
@@ -144,23 +162,43 @@ def main():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(args.model)
     results, summaries = [], []
+    seeds = [int(x) for x in args.seeds.split(",")]
     for task in args.tasks.split(","):
-        r, s = bench_task(model, tokenizer, task, args)
-        results += r
-        summaries.append(s)
+        for seed in seeds:
+            r, s = bench_task(model, tokenizer, task, argparse.Namespace(**{**vars(args), "seed": seed}))
+            results += [dict(x, seed=seed) for x in r]
+            summaries.append(s)
 
-    print("\n| task | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| task | seed | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        ep_s = next(x["cpu_seconds"] for x in results if x["task"] == r["task"] and x["method"] == "edge_pruning")
-        print(f"| {r['task']} | {r['method']} | {r['steps'] if r['steps'] is not None else '—'} | "
+        ep_s = next(x["cpu_seconds"] for x in results if x["task"] == r["task"]
+                    and x["seed"] == r["seed"] and x["method"] == "edge_pruning")
+        print(f"| {r['task']} | {r['seed']} | {r['method']} | {r['steps'] if r['steps'] is not None else '—'} | "
               f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['cpu_seconds'] / ep_s:.2f} | {r['edges']} | {r['accuracy']:.3f} | "
               f"{r['logit_diff']:.2f} | {r['kl']:.4f} | {r['faithfulness']:.3f} |")
+    aggregate = {}
+    for task in args.tasks.split(","):
+        def mean(method, key):
+            xs = [r[key] for r in results if r["task"] == task and r["method"] == method]
+            return sum(xs) / len(xs)
+        a = dict(seeds=seeds, speedup=1 - mean("hap", "seconds") / mean("edge_pruning", "seconds"),
+                 speedup_cpu=1 - mean("hap", "cpu_seconds") / mean("edge_pruning", "cpu_seconds"))
+        for suffix in ("", "@target"):
+            a["kl_ratio" + suffix] = mean("hap" + suffix, "kl") / mean("edge_pruning" + suffix, "kl")
+            a["accuracy_diff" + suffix] = (mean("hap" + suffix, "accuracy")
+                                           - mean("edge_pruning" + suffix, "accuracy"))
+        aggregate[task] = a
+        print(f"\n{task} over seeds {seeds}: HAP {100 * a['speedup']:.1f} % faster (CPU "
+              f"{100 * a['speedup_cpu']:.1f} %); mean KL HAP / EP {a['kl_ratio']:.3f} at the learned "
+              f"sparsity, {a['kl_ratio@target']:.3f} at the target's edge count; accuracy diff "
+              f"{a['accuracy_diff']:+.3f} / {a['accuracy_diff@target']:+.3f}")
     total = time.perf_counter() - start
     print(f"\ntotal {total:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), results=results, summary=summaries, total_seconds=total),
+            json.dump(dict(args=vars(args), results=results, summary=summaries, aggregate=aggregate,
+                           total_seconds=total),
                       f, indent=1)
 
 

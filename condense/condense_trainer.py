@@ -9,7 +9,8 @@ Each round:
 3. heal (`heal=true`): `heal_steps` AdamW steps on the LoRA parameters only (base frozen),
    loss = KL(original model on clean || circuit model with adapter) at the **last position**
    of each prompt (where the task metric is read), pruned edges ablated by patching with
-   the same model+adapter in the same step (the corrupted run is detached), plus
+   the same model+adapter in the same step (the gradient flows through that run too;
+   `heal_ablated_grad=false` detaches it), plus
    `heal_general_weight` x KL(original || model+adapter) on general text (train split, full
    graph). DESIGN.md §5's loss is the task term alone (heal_general_weight=0); measured on the
    organism, the task term alone moves general text until the perplexity gate rejects every
@@ -17,7 +18,9 @@ Each round:
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
    val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
    / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text
-   (split `val`). A round whose heal loss turns NaN/inf is rejected (logged).
+   (split `val`); with `gate_faithfulness` > 0 also val faithfulness f(C) >= it (f against
+   the original model's full logit difference, the empty circuit of model+adapter).
+   A round whose heal loss turns NaN/inf is rejected (logged).
 On rejection the last accepted adapter and circuit are restored and the cut halves (at
 least `min_prune_fraction`); a rejected cut at that floor, or `max_rounds`, ends the run.
 Two candidates are rejected without a heal (logged in rounds.jsonl as `skipped`): one with
@@ -250,9 +253,10 @@ class Gate:
         ratio = ppl / self.ppl_original if self.blocks else 1.0
         ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol
         ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
-        return ok_acc and ok_ppl, dict(accuracy=m["accuracy"], ppl_ratio=ratio, kl=m["kl"],
-                                       faithfulness=m["faithfulness"], gate_accuracy=ok_acc,
-                                       gate_ppl=ok_ppl)
+        ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
+        return ok_acc and ok_ppl and ok_f, dict(
+            accuracy=m["accuracy"], ppl_ratio=ratio, kl=m["kl"], faithfulness=m["faithfulness"],
+            gate_accuracy=ok_acc, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
 
 
 def circuit_metrics(model, circuit, rows, original_ref, cfg):
@@ -328,11 +332,13 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "heal_batch_size", "lora_rank", "lora_alpha", "lora_targets",
                "gate_accuracy_tol", "gate_ppl_ratio", "n_general", "init_circuit", "rank_at_circuit",
                "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
-               "heal_stop_loss")
+               "heal_stop_loss", "gate_faithfulness")
 
 
 def _fingerprint(cfg):
-    return {k: getattr(cfg, k) for k in RESUME_KEYS}
+    # keys at their off value are left out, so a state written before the key existed resumes
+    return {k: getattr(cfg, k) for k in RESUME_KEYS
+            if not (k == "gate_faithfulness" and not cfg.gate_faithfulness)}
 
 
 # ------------------------------------------------------------------ pictures
@@ -382,6 +388,8 @@ def check_config(cfg):
             bad(key, "must be >= 0")
     if not cfg.heal_lr > 0:
         bad("heal_lr", "must be > 0")
+    if not 0 <= cfg.gate_faithfulness <= 1:
+        bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
     if not 0 < cfg.prune_fraction <= 1:
         bad("prune_fraction", "must lie in (0, 1]")
     if not 0 < cfg.min_prune_fraction <= cfg.prune_fraction:
@@ -453,21 +461,23 @@ def run_condense(cfg, accelerator, output_dir):
         except HealDiverged as e:
             note = f"heal diverged: {e}"
             log(f"round {rnd}: {note}; rejected")
-            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan)
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
+                                faithfulness=math.nan)
         except _Skip as e:  # decided without heal or gate (deterministic, so resume-safe)
             note = f"skipped: {e}"
-            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan)
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
+                                faithfulness=math.nan)
         if world()[1] > 1:  # the same decision everywhere, even if floats ever differed
             votes = all_reduce_(torch.tensor([float(bool(ok))], device=device))
             ok = bool(votes.item() == world()[1])
         record = dict(round=rnd, cut=cut, accepted=bool(ok),
                       edges=candidate.count_edges(on_path=True), accuracy=g["accuracy"],
-                      ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
                       heal_loss=losses[-1] if losses else None, note=note,
                       time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {gate.accuracy_original:.3f}), ppl ratio "
-            f"{record['ppl_ratio']:.4f}: {'accepted' if ok else 'rejected'}"
+            f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"
             + (f" ({note})" if note else ""))
         if is_main():
             _wandb_log(accelerator, cfg, record)

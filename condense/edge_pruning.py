@@ -190,9 +190,10 @@ class EdgeMasks:
         """K = round(expected kept edges): the size the learned sparsity asks for."""
         return min(round(float(self.expected_kept().detach())), self.n_trainable)
 
-    def binary(self):
-        """Bool [S, R]: the K gated edges with the largest log_alpha (ties: lower index)."""
-        k = self.n_kept()
+    def binary(self, k=None):
+        """Bool [S, R]: the K gated edges with the largest log_alpha (ties: lower index);
+        K = n_kept() (the learned sparsity) unless `k` is given."""
+        k = self.n_kept() if k is None else min(int(k), self.n_trainable)
         order = torch.sort(self.log_alpha.detach(), descending=True, stable=True).indices[:k]
         flat = torch.zeros(self.shape[0] * self.shape[1], dtype=torch.bool)
         flat[self.index[order].cpu()] = True
@@ -205,12 +206,12 @@ class EdgeMasks:
     def full_log_alpha(self):
         return self._scatter(self.log_alpha.detach(), fill=float("-inf")).cpu()
 
-    def circuit(self, graph):
-        """A copy of `graph` with in_graph = the thresholded circuit (not yet pruned) and
-        scores = P(z != 0)."""
+    def circuit(self, graph, k=None):
+        """A copy of `graph` with in_graph = the thresholded circuit (not yet pruned; `k`: see
+        binary) and scores = P(z != 0)."""
         g = graph.copy()
         g.scores = self.keep_scores().float()
-        g.in_graph = self.binary() & g.valid
+        g.in_graph = self.binary(k) & g.valid
         return g
 
 

@@ -122,6 +122,9 @@ class RunConfig:
         "help": "condense: accept a round when val circuit accuracy >= original - this"})
     gate_ppl_ratio: float = field(default=1.05, metadata={
         "help": "condense: accept a round when general-text ppl (adapter) / ppl (original) <= this"})
+    gate_faithfulness: float = field(default=0.0, metadata={
+        "help": "condense: also require val faithfulness f(C) >= this (DESIGN.md §4's "
+                "faithful circuit: 0.9); 0 = DESIGN.md §5's gate (accuracy and perplexity only)"})
     n_general: int = field(default=64, metadata={
         "help": "condense: blocks of held-out general text (val split) for the perplexity gate"})
     rank_at_circuit: bool = field(default=True, metadata={

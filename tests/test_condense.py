@@ -139,6 +139,16 @@ def test_nan_in_heal_rejects_round(tiny_model, tmp_path, monkeypatch):
     assert rounds[1]["cut"] == 0.15 and rounds[1]["accepted"]
 
 
+def test_faithfulness_gate_decides_rounds(tiny_model, tmp_path):
+    # accuracy and perplexity gates are lax here, so f >= gate_faithfulness alone decides
+    out = str(tmp_path / "out")
+    _run(_recipe(tmp_path, tiny_model, max_rounds=4, gate_faithfulness=0.97), "heal=false",
+         f"output_dir={out}")
+    gated = [r for r in _rounds(out) if not r["note"]]
+    assert {r["accepted"] for r in gated} == {True, False}  # this seed: both outcomes
+    assert all(r["accepted"] == (r["faithfulness"] >= 0.97) for r in gated)
+
+
 def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
     out_full, _ = full_run
     out = str(tmp_path / "out")
@@ -178,6 +188,7 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
     for override, key in (("init_circuit=nope.json", "init_circuit"),
                           ("heal_stop_loss=-1", "heal_stop_loss"),
                           ("heal_general_batch=0", "heal_general_batch"),
+                          ("gate_faithfulness=1.5", "gate_faithfulness"),
                           ("min_prune_fraction=0.5", "min_prune_fraction")):
         with pytest.raises(RecipeError, match=key):
             _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")
