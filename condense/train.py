@@ -40,7 +40,7 @@ from condense.run_scoring import ATTRIBUTION_METHOD  # noqa: E402
 # main one. New methods (edge_pruning, hap, s3martcirc) add a line.
 RUNNERS = {name: "condense.run_scoring:score_once" for name in ATTRIBUTION_METHOD}
 RUNNERS["condense"] = "condense.condense_trainer:run_condense"
-RUNNERS["s3martcirc"] = "condense.s3martcirc:run_s3martcirc"
+RUNNERS["s3martcirc"] = "condense.s3martcirc_run:run_s3martcirc"
 RUNNERS["edge_pruning"] = "condense.edge_pruning:run_edge_pruning"
 RUNNERS["hap"] = "condense.edge_pruning:run_hap"
 
@@ -162,7 +162,8 @@ class RunConfig:
     hap_steps: Optional[int] = field(default=None, metadata={
         "help": "hap: mask-training steps (null: Edge Pruning's ramp rate over the sparsity the "
                 "candidates leave to learn, plus Edge Pruning's settle steps)"})
-    # S3martCirc / node baselines (method: s3martcirc; condense/s3martcirc.py, node_baselines.py)
+    # S3martCirc / node baselines (method: s3martcirc; condense/s3martcirc.py, s3martcirc_run.py,
+    # node_baselines.py)
     s3_lr: float = field(default=0.005, metadata={
         "help": "s3martcirc: AdamW learning rate of the node coefficient logits (paper: 0.005)"})
     s3_weight_decay: float = field(default=5e-4, metadata={

@@ -192,7 +192,7 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
                           ("min_prune_fraction=0.5", "min_prune_fraction")):
         with pytest.raises(RecipeError, match=key):
             _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")
-    import condense.s3martcirc as s3
+    import condense.s3martcirc_run as s3
     monkeypatch.setattr(rs, "load_model_and_rows", boom)
     for override, key in (("s3_epochs=0", "s3_epochs"), ("s3_baselines=[nope]", "s3_baselines")):
         with pytest.raises(RecipeError, match=key):
