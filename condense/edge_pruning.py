@@ -64,9 +64,14 @@ and can cross the active region at once, overshooting the target before the mult
 reopens them. Two settings keep this in check: log-alphas are clamped to +-max(10, init)
 (a gate thrown far past 10 has a sigmoid gradient of exactly 0 in float32 and never moves
 again), and the gate lr is 0.1 (at 0.3 HAP kept 49 edges for a 24-edge target on induction).
-HAP still ends slightly short of the target (33 and 32 edges kept on IOI and induction for
-24, Edge Pruning 27 and 16), and Edge Pruning run for HAP's 411 steps does about as well as
-HAP, i.e. on this small model the step saving is not specific to HAP.
+HAP suffers more from the saturated start: its target ramps from s0 = 0.70 while its gates
+cannot move (64 steps on IOI, the lambdas growing to |lambda| ~ 30), then the expected size
+collapses from 144 to 24 edges in ~30 steps (steps 80-112), so which edges survive is
+decided with little KL signal, and only the settle phase is left to repair it. On IOI (three
+seeds, circuits cut to the same 24 edges) its test KL is 1.34x Edge Pruning's although Edge
+Pruning's circuit lies inside HAP's candidate set (seed 0: the 2 of its 27 edges outside
+change its KL by 0.001); EAP-IG or KL-metric candidate scores, 50 % candidates, 1000 steps,
+log-alpha init 1 or 3 and a lambda lr of 0.03 did not close the gap (README).
 
 Departures from the papers' code: edge gates only (no node gates: Edge Pruning's own IOI
 sweeps run with --disable_node_loss); a constant learning rate (fit has no warm-up
