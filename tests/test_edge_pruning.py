@@ -99,6 +99,11 @@ def test_binary_circuit_has_the_learned_number_of_edges(tiny):
     assert circuit.count_edges() == k
     assert torch.allclose(circuit.scores[graph.valid], ep.keep_probability(full[graph.valid]))
     assert 1 - masks.learned_sparsity() == pytest.approx(float(masks.expected_kept().detach()) / graph.valid.sum().item())
+    # a fixed size (benchmarks: like-for-like comparisons) keeps the top k' log-alphas
+    for k2 in (1, k + 5):
+        fixed = masks.binary(k2)
+        assert int(fixed.sum()) == k2 and masks.circuit(graph, k=k2).count_edges() == k2
+        assert float(full[fixed].min()) >= float(full[graph.valid & ~fixed].max())
 
 
 # ------------------------------------------------------------------ the objective
