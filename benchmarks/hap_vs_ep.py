@@ -18,7 +18,9 @@ Each circuit is evaluated on the test rows (accuracy, logit difference, KL, fait
 EP, HAP and the control are evaluated twice: thresholded to their learned sparsity (the
 method's circuit) and to exactly the target's edge count (`<method>@target`, the same masks):
 the learned sizes differ from run to run and KL depends steeply on size, so the second is
-the like-for-like comparison. With several `--seeds` (each its own rows, gate noise and
+the like-for-like comparison. KL is also reported on the train rows (`kl_train`) and, for
+IOI, on the test rows of seen and of held-out templates (`kl_seen`, `kl_heldout`). With
+several `--seeds` (each its own rows, gate noise and
 batch order) the last lines give HAP / EP ratios of the means over seeds.
 Time is the whole search (targets, EAP for HAP, mask training, thresholding), single
 process, measured in this one run, as wall-clock and as this process's CPU time (with one
@@ -66,7 +68,17 @@ def bench_task(model, tokenizer, task, args):
     print(f"{task}, seed {args.seed}", flush=True)
     rows = {s: tasks.load_task(task, tokenizer, s, n=n, seed=cfg.seed)
             for s, n in (("train", args.n_train), ("test", args.n_test))}
-    reference = reference_outputs(model, Graph.from_model(model), rows["test"], batch_size=32)
+    full = Graph.from_model(model)
+    reference = reference_outputs(model, full, rows["test"], batch_size=32)
+    # KL also on the train rows (how well the search fits what it trained on) and, where a
+    # task has held-out templates (IOI), on the test rows of seen and of held-out templates
+    kl_parts = {"train": rows["train"]}
+    if "heldout_template" in rows["test"].column_names:
+        flags = rows["test"]["heldout_template"]
+        if any(flags) and not all(flags):
+            kl_parts["seen"] = rows["test"].select([i for i, f in enumerate(flags) if not f])
+            kl_parts["heldout"] = rows["test"].select([i for i, f in enumerate(flags) if f])
+    kl_refs = {k: reference_outputs(model, full, v, batch_size=32) for k, v in kl_parts.items()}
     # warm-up: one-off costs (allocator, kernels) are paid here, not by the first method
     warm = RunConfig(task=task, ep_steps=5, hap_steps=5, batch_size=32)
     search(model, rows["train"].select(range(32)), warm, hap=True, progress=False)
@@ -75,12 +87,16 @@ def bench_task(model, tokenizer, task, args):
 
     def add(method, circuit, seconds, cpu_seconds, steps=None, extra=None):
         m = evaluated(model, circuit, rows["test"], reference, cfg)
+        for part, part_rows in kl_parts.items():
+            m[f"kl_{part}"] = evaluate(model, circuit, part_rows, batch_size=cfg.batch_size,
+                                       reference=kl_refs[part])["kl"]
         r = dict(task=task, method=method, seconds=seconds, cpu_seconds=cpu_seconds, steps=steps,
                  edges=circuit.count_edges(on_path=True), **m, **(extra or {}))
         results.append(r)
         print(f"  {task:10s} {method:14s} {seconds:7.1f}s (CPU {cpu_seconds:7.1f}s)  steps {steps!s:>5}  edges "
               f"{r['edges']:4d}  acc {m['accuracy']:.3f}  LD {m['logit_diff']:6.2f}  KL "
-              f"{m['kl']:.4f}  f {m['faithfulness']:.3f}", flush=True)
+              f"{m['kl']:.4f}  f {m['faithfulness']:.3f}  "
+              + "  ".join(f"KL {p} {m['kl_' + p]:.4f}" for p in kl_parts), flush=True)
         return r
 
     graph = Graph.from_model(model)
@@ -186,6 +202,11 @@ def main():
                  speedup_cpu=1 - mean("hap", "cpu_seconds") / mean("edge_pruning", "cpu_seconds"))
         for suffix in ("", "@target"):
             a["kl_ratio" + suffix] = mean("hap" + suffix, "kl") / mean("edge_pruning" + suffix, "kl")
+            for part in ("train", "seen", "heldout"):
+                key = "kl_" + part
+                if all(key in r for r in results if r["task"] == task):
+                    a[f"kl_{part}_ratio{suffix}"] = (mean("hap" + suffix, key)
+                                                     / mean("edge_pruning" + suffix, key))
             a["accuracy_diff" + suffix] = (mean("hap" + suffix, "accuracy")
                                            - mean("edge_pruning" + suffix, "accuracy"))
         aggregate[task] = a
@@ -193,6 +214,10 @@ def main():
               f"{100 * a['speedup_cpu']:.1f} %); mean KL HAP / EP {a['kl_ratio']:.3f} at the learned "
               f"sparsity, {a['kl_ratio@target']:.3f} at the target's edge count; accuracy diff "
               f"{a['accuracy_diff']:+.3f} / {a['accuracy_diff@target']:+.3f}")
+        split = [p for p in ("train", "seen", "heldout") if f"kl_{p}_ratio@target" in a]
+        if split:
+            print("  KL HAP / EP at the target's edge count, by rows: " + ", ".join(
+                f"{p} {a[f'kl_{p}_ratio@target']:.3f}" for p in split))
     total = time.perf_counter() - start
     print(f"\ntotal {total:.0f} s")
     if args.json:

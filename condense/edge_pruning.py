@@ -67,7 +67,8 @@ again), and the gate lr is 0.1 (at 0.3 HAP kept 49 edges for a 24-edge target on
 HAP suffers more from the saturated start: its target ramps from s0 = 0.70 while its gates
 cannot move (64 steps on IOI, the lambdas growing to |lambda| ~ 30), then the expected size
 collapses from 144 to 24 edges in ~30 steps (steps 80-112), so which edges survive is
-decided with little KL signal, and only the settle phase is left to repair it. On IOI (three
+decided with little KL signal (yet gates started in their active range, log-alpha 3 or 1,
+did no better, so this is not the whole cause). On IOI (three
 seeds, circuits cut to the same 24 edges) its test KL is 1.34x Edge Pruning's although Edge
 Pruning's circuit lies inside HAP's candidate set (seed 0: the 2 of its 27 edges outside
 change its KL by 0.001); EAP-IG or KL-metric candidate scores, 50 % candidates, 1000 steps,
