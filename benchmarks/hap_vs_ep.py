@@ -3,6 +3,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
         [--seeds 0,1,2]
+    HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
 Per task, with the recipes' settings (condense/edge_pruning.py; RunConfig defaults unless a
@@ -155,6 +156,44 @@ def bench_task(model, tokenizer, task, args):
     return results, summary
 
 
+def aggregate_over_seeds(results):
+    """Per task: HAP / EP ratios of the means over the seeds in `results` (printed too)."""
+    aggregate = {}
+    for task in dict.fromkeys(r["task"] for r in results):
+        seeds = sorted({r["seed"] for r in results if r["task"] == task})
+
+        def mean(method, key):
+            xs = [r[key] for r in results if r["task"] == task and r["method"] == method]
+            return sum(xs) / len(xs)
+        a = dict(seeds=seeds, speedup=1 - mean("hap", "seconds") / mean("edge_pruning", "seconds"),
+                 speedup_cpu=1 - mean("hap", "cpu_seconds") / mean("edge_pruning", "cpu_seconds"))
+        for suffix in ("", "@target"):
+            a["kl_ratio" + suffix] = mean("hap" + suffix, "kl") / mean("edge_pruning" + suffix, "kl")
+            for part in ("train", "seen", "heldout"):
+                key = "kl_" + part
+                if all(key in r for r in results if r["task"] == task):
+                    a[f"kl_{part}_ratio{suffix}"] = (mean("hap" + suffix, key)
+                                                     / mean("edge_pruning" + suffix, key))
+            a["accuracy_diff" + suffix] = (mean("hap" + suffix, "accuracy")
+                                           - mean("edge_pruning" + suffix, "accuracy"))
+        per_seed = [next(r["kl"] for r in results if r["task"] == task and r["seed"] == sd
+                         and r["method"] == "hap@target")
+                    / next(r["kl"] for r in results if r["task"] == task and r["seed"] == sd
+                           and r["method"] == "edge_pruning@target") for sd in seeds]
+        a["kl_ratio@target_per_seed"] = per_seed
+        aggregate[task] = a
+        print(f"\n{task} over seeds {seeds}: HAP {100 * a['speedup']:.1f} % faster (CPU "
+              f"{100 * a['speedup_cpu']:.1f} %); mean KL HAP / EP {a['kl_ratio']:.3f} at the learned "
+              f"sparsity, {a['kl_ratio@target']:.3f} at the target's edge count (per seed "
+              f"{', '.join(f'{x:.2f}' for x in per_seed)}); accuracy diff "
+              f"{a['accuracy_diff']:+.3f} / {a['accuracy_diff@target']:+.3f}")
+        split = [p for p in ("train", "seen", "heldout") if f"kl_{p}_ratio@target" in a]
+        if split:
+            print("  KL HAP / EP at the target's edge count, by rows: " + ", ".join(
+                f"{p} {a[f'kl_{p}_ratio@target']:.3f}" for p in split))
+    return aggregate
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="ioi,induction")
@@ -170,7 +209,17 @@ def main():
                     help="skip Edge Pruning at HAP's step count")
     ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
     ap.add_argument("--json", default=None, help="write the numbers here")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: pool the results of earlier --json files (e.g. seeds run "
+                         "as separate processes) and print the ratios over all their seeds")
     args = ap.parse_args()
+    if args.combine:
+        pooled = []
+        for path in args.combine:
+            with open(path) as f:
+                pooled += json.load(f)["results"]
+        aggregate_over_seeds(pooled)
+        return
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = load_model(args.model)
@@ -193,31 +242,7 @@ def main():
         print(f"| {r['task']} | {r['seed']} | {r['method']} | {r['steps'] if r['steps'] is not None else '—'} | "
               f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['cpu_seconds'] / ep_s:.2f} | {r['edges']} | {r['accuracy']:.3f} | "
               f"{r['logit_diff']:.2f} | {r['kl']:.4f} | {r['faithfulness']:.3f} |")
-    aggregate = {}
-    for task in args.tasks.split(","):
-        def mean(method, key):
-            xs = [r[key] for r in results if r["task"] == task and r["method"] == method]
-            return sum(xs) / len(xs)
-        a = dict(seeds=seeds, speedup=1 - mean("hap", "seconds") / mean("edge_pruning", "seconds"),
-                 speedup_cpu=1 - mean("hap", "cpu_seconds") / mean("edge_pruning", "cpu_seconds"))
-        for suffix in ("", "@target"):
-            a["kl_ratio" + suffix] = mean("hap" + suffix, "kl") / mean("edge_pruning" + suffix, "kl")
-            for part in ("train", "seen", "heldout"):
-                key = "kl_" + part
-                if all(key in r for r in results if r["task"] == task):
-                    a[f"kl_{part}_ratio{suffix}"] = (mean("hap" + suffix, key)
-                                                     / mean("edge_pruning" + suffix, key))
-            a["accuracy_diff" + suffix] = (mean("hap" + suffix, "accuracy")
-                                           - mean("edge_pruning" + suffix, "accuracy"))
-        aggregate[task] = a
-        print(f"\n{task} over seeds {seeds}: HAP {100 * a['speedup']:.1f} % faster (CPU "
-              f"{100 * a['speedup_cpu']:.1f} %); mean KL HAP / EP {a['kl_ratio']:.3f} at the learned "
-              f"sparsity, {a['kl_ratio@target']:.3f} at the target's edge count; accuracy diff "
-              f"{a['accuracy_diff']:+.3f} / {a['accuracy_diff@target']:+.3f}")
-        split = [p for p in ("train", "seen", "heldout") if f"kl_{p}_ratio@target" in a]
-        if split:
-            print("  KL HAP / EP at the target's edge count, by rows: " + ", ".join(
-                f"{p} {a[f'kl_{p}_ratio@target']:.3f}" for p in split))
+    aggregate = aggregate_over_seeds(results)
     total = time.perf_counter() - start
     print(f"\ntotal {total:.0f} s")
     if args.json:
