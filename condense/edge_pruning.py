@@ -64,15 +64,14 @@ and can cross the active region at once, overshooting the target before the mult
 reopens them. Two settings keep this in check: log-alphas are clamped to +-max(10, init)
 (a gate thrown far past 10 has a sigmoid gradient of exactly 0 in float32 and never moves
 again), and the gate lr is 0.1 (at 0.3 HAP kept 49 edges for a 24-edge target on induction).
-HAP suffers more from the saturated start: its target ramps from s0 = 0.70 while its gates
+HAP's start is harsher: its target ramps from s0 = 0.70 while its gates
 cannot move (64 steps on IOI, the lambdas growing to |lambda| ~ 30), then the expected size
 collapses from 144 to 24 edges in ~30 steps (steps 80-112), so which edges survive is
 decided with little KL signal (yet gates started in their active range, log-alpha 3 or 1,
-did no better, so this is not the whole cause). On IOI (three
-seeds, circuits cut to the same 24 edges) its test KL is 1.34x Edge Pruning's although Edge
-Pruning's circuit lies inside HAP's candidate set (seed 0: the 2 of its 27 edges outside
-change its KL by 0.001); EAP-IG or KL-metric candidate scores, 50 % candidates, 1000 steps,
-log-alpha init 1 or 3 and a lambda lr of 0.03 did not close the gap (README).
+did no better, so this is not the whole cause). Over nine seeds HAP's test KL at the
+target's edge count is 1.03x Edge Pruning's on IOI and 1.06x on induction (per seed
+0.64-1.49; three seeds alone had given 1.34x on IOI), HAP fitting its own train rows less
+tightly (2.2x on IOI) (README).
 
 Departures from the papers' code: edge gates only (no node gates: Edge Pruning's own IOI
 sweeps run with --disable_node_loss); a constant learning rate (fit has no warm-up
