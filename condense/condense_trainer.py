@@ -269,6 +269,27 @@ def circuit_metrics(model, circuit, rows, original_ref, cfg):
     return m
 
 
+def template_split_accuracy(model, circuit, rows, original_ref, cfg):
+    """Test accuracy (circuit and original) on the rows of templates seen in training and of
+    held-out templates, where a task has both (IOI): the gate's val rows have no held-out
+    template, so this is where a circuit that fits its templates shows it. {} otherwise."""
+    if "heldout_template" not in rows.column_names:
+        return {}
+    flags = [bool(f) for f in rows["heldout_template"]]
+    if all(flags) or not any(flags):
+        return {}
+    out = {}
+    for name, keep in (("seen", False), ("heldout", True)):
+        idx = [i for i, f in enumerate(flags) if f == keep]
+        ref = EvalReference(original_ref.full_logits[idx], original_ref.empty_logit_diff[idx],
+                            original_ref.intervention)
+        m = evaluate(model, circuit, rows.select(idx), cfg.intervention, cfg.batch_size,
+                     reference=ref)
+        out[f"accuracy_{name}_templates"] = m["accuracy"]
+        out[f"accuracy_original_{name}_templates"] = m["accuracy_full"]
+    return out
+
+
 @torch.no_grad()
 def top1_agreement(model, circuit, rows, original_logits, cfg):
     cols, n = dataset_columns(rows)
@@ -512,6 +533,7 @@ def run_condense(cfg, accelerator, output_dir):
             circuit = found.graph
         extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
     test = circuit_metrics(peft_model, circuit, rows["test"], test_ref, cfg)
+    extra.update(template_split_accuracy(peft_model, circuit, rows["test"], test_ref, cfg))
     ppl = perplexity(peft_model, blocks, cfg.batch_size) if blocks else math.nan
     accepted = [r for r in state["rounds"] if r["accepted"]]
     metrics = dict(

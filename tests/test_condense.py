@@ -79,6 +79,22 @@ def test_run_writes_artifacts(full_run, tiny_model):
     assert not [f for f in os.listdir(out) if f.endswith(".tmp") or f.startswith(".adapter-")]
 
 
+def test_metrics_split_test_accuracy_by_template(full_run, tiny_model):
+    from transformers import AutoTokenizer
+
+    from condense import tasks
+    _, metrics = full_run
+    flags = list(tasks.load_task("ioi", AutoTokenizer.from_pretrained(tiny_model), "test", n=8,
+                                 seed=0)["heldout_template"])
+    assert 0 < sum(flags) < len(flags)  # this seed's 8 test rows have both kinds
+    held, seen = sum(flags), len(flags) - sum(flags)
+    for prefix in ("accuracy_", "accuracy_original_"):
+        key = "accuracy" if prefix == "accuracy_" else "accuracy_original"
+        pooled = (metrics[prefix + "seen_templates"] * seen
+                  + metrics[prefix + "heldout_templates"] * held) / len(flags)
+        assert pooled == pytest.approx(metrics[key], abs=1e-6)
+
+
 def test_adapter_reloads_and_reproduces_accuracy(full_run, tiny_model):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
