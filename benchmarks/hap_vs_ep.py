@@ -74,11 +74,8 @@ def bench_task(model, tokenizer, task, args):
     # KL also on the train rows (how well the search fits what it trained on) and, where a
     # task has held-out templates (IOI), on the test rows of seen and of held-out templates
     kl_parts = {"train": rows["train"]}
-    if "heldout_template" in rows["test"].column_names:
-        flags = rows["test"]["heldout_template"]
-        if any(flags) and not all(flags):
-            kl_parts["seen"] = rows["test"].select([i for i, f in enumerate(flags) if not f])
-            kl_parts["heldout"] = rows["test"].select([i for i, f in enumerate(flags) if f])
+    kl_parts.update({name: rows["test"].select(idx)
+                     for name, idx in tasks.template_parts(rows["test"]).items()})
     kl_refs = {k: reference_outputs(model, full, v, batch_size=32) for k, v in kl_parts.items()}
     # warm-up: one-off costs (allocator, kernels) are paid here, not by the first method
     warm = RunConfig(task=task, ep_steps=5, hap_steps=5, batch_size=32)

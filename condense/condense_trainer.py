@@ -273,14 +273,8 @@ def template_split_accuracy(model, circuit, rows, original_ref, cfg):
     """Test accuracy (circuit and original) on the rows of templates seen in training and of
     held-out templates, where a task has both (IOI): the gate's val rows have no held-out
     template, so this is where a circuit that fits its templates shows it. {} otherwise."""
-    if "heldout_template" not in rows.column_names:
-        return {}
-    flags = [bool(f) for f in rows["heldout_template"]]
-    if all(flags) or not any(flags):
-        return {}
     out = {}
-    for name, keep in (("seen", False), ("heldout", True)):
-        idx = [i for i, f in enumerate(flags) if f == keep]
+    for name, idx in tasks.template_parts(rows).items():
         ref = EvalReference(original_ref.full_logits[idx], original_ref.empty_logit_diff[idx],
                             original_ref.intervention)
         m = evaluate(model, circuit, rows.select(idx), cfg.intervention, cfg.batch_size,

@@ -126,6 +126,18 @@ def load_task(name, tokenizer, split="test", n=500, seed=0):
     return Dataset.from_list(rows)
 
 
+def template_parts(rows):
+    """{"seen": [row indices], "heldout": [row indices]} of `rows` by their heldout_template
+    flag (IOI's test split has both), or {} when the rows have only one kind."""
+    if "heldout_template" not in rows.column_names:
+        return {}
+    flags = [bool(f) for f in rows["heldout_template"]]
+    if all(flags) or not any(flags):
+        return {}
+    return {"seen": [i for i, f in enumerate(flags) if not f],
+            "heldout": [i for i, f in enumerate(flags) if f]}
+
+
 # ---------------------------------------------------------------- general text
 GENERAL_TEXT_SPLITS = ("train", "val", "test")
 
