@@ -191,19 +191,12 @@ class _Attributor:
                               keep_hidden=self.neuron_mask is not None, like=self._full_mask(0))
 
     def _forward(self, b, ablated, edge_mask, delta=None, capture=False, all_positions=False):
-        """The patched forward on the clean prompt. `delta` [B, T, D] is added to every
-        receiver's input, i.e. it moves the input embeddings from their clean value."""
-        hook = None
-        if delta is not None:  # the input moves only along edges that are on at the point
-            if self.base is None:
-                def hook(receivers, x):
-                    return x + delta
-            else:
-                def hook(receivers, x):
-                    return x + self.base[0, receivers].view(-1, 1, 1, 1) * delta
+        """The patched forward on the clean prompt, its input embeddings moved by `delta`
+        [B, T, D] (None: not moved). The moved input reaches a receiver only along an edge that
+        is on at the point (every edge, or the circuit's)."""
         return decomposed_forward(self.parts, self.graph, b.clean, b.mask, ablated=ablated,
                                   edge_mask=edge_mask, head_mask=self.head_mask,
-                                  neuron_mask=self.neuron_mask, receiver_hook=hook,
+                                  neuron_mask=self.neuron_mask, input_delta=delta,
                                   capture_receivers=capture,
                                   logit_positions=None if all_positions else b.last)
 
@@ -213,7 +206,10 @@ class _Attributor:
         differences D = clean - ablated [S, B, T, D] (zero at padding), and the input
         embeddings' clean and ablated values [B, T, D]."""
         logits, clean, _ = self._forward(b, ablated, self._point_mask())
-        diff = (clean.stacked() - ablated.stacked()).to(self.wide) * b.real
+        if clean.differences is not None:  # the run's own buffer, no longer needed by it
+            diff = clean.differences.to(self.wide).mul_(b.real)
+        else:
+            diff = (clean.stacked() - ablated.stacked()).to(self.wide) * b.real
         e_clean = clean.blocks[0][0]
         e_ablated = ablated.blocks[0][0].expand_as(e_clean)
         return F.log_softmax(logits.float(), -1), diff, e_clean, e_ablated
@@ -263,9 +259,13 @@ class _Attributor:
         sums = None
         for fraction, weight in points:
             delta = None if fraction == 0 else fraction * towards_ablated
-            grads, _ = self._receiver_gradients(b, ablated, delta, target)
-            grads = [(r, weight * gr.to(self.wide)) for r, gr in grads]
-            sums = grads if sums is None else [(r, s + gr) for (r, s), (_, gr) in zip(sums, grads)]
+            grads = self._receiver_gradients(b, ablated, delta, target)[0]  # not the logits: they hold the pass's graph
+            if sums is None:  # in place: each pass's gradients are as large as the run itself
+                sums = [(r, gr.to(self.wide).mul_(weight)) for r, gr in grads]
+            else:
+                for (_, s), (_, gr) in zip(sums, grads):
+                    s.add_(gr, alpha=weight)
+            del grads
         return self._contract(diff, sums)
 
     # ------------------------------------------------------------ methods (summed over rows)

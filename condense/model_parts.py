@@ -22,7 +22,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 SUPPORTED_FAMILIES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
-                      "mistral": "Mistral", "gemma": "Gemma", "gemma2": "Gemma2"}
+                      "mistral": "Mistral", "gemma": "Gemma", "gemma2": "Gemma2",
+                      "gemma3_text": "Gemma3"}
 SUPPORTED_TEXT = ", ".join(f"{v} ({k})" for k, v in SUPPORTED_FAMILIES.items())
 
 # Set by tests to check that the generic (module-calling) path equals the weight fast path.
@@ -54,9 +55,13 @@ def check_supported(config):
     """Raise UnsupportedModelError, naming what is supported, unless the config is handled exactly."""
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED_FAMILIES:
+        hint = ""
+        if kind == "gemma3":  # what AutoModelForCausalLM loads for the 4B+ Gemma-3 checkpoints
+            hint = (" (Gemma-3's multimodal Gemma3ForConditionalGeneration is not supported, only "
+                    "the text-only Gemma3ForCausalLM, model_type 'gemma3_text')")
         raise UnsupportedModelError(
             f"condense's edge-level graph does not support model_type {kind!r} "
-            f"({type(config).__name__}); supported families: {SUPPORTED_TEXT}.")
+            f"({type(config).__name__}){hint}; supported families: {SUPPORTED_TEXT}.")
     refuse = []
     if kind == "gpt2" and getattr(config, "add_cross_attention", False):
         refuse.append("GPT-2 with cross-attention (add_cross_attention=True)")
@@ -125,17 +130,18 @@ class LayerParts:
     q: Projection
     k: Projection
     v: Projection
-    q_norm: nn.Module | None      # Qwen3: RMSNorm over head_dim on q and k
+    q_norm: nn.Module | None      # Qwen3, Gemma3: RMSNorm over head_dim on q and k
     k_norm: nn.Module | None
     scaling: float
     softcap: float | None         # Gemma2 attention logit soft-capping
     sliding_window: int | None
     o_proj: nn.Module
-    post_attn_norm: nn.Module | None  # Gemma2: RMSNorm on the attention output
+    post_attn_norm: nn.Module | None  # Gemma2, Gemma3: RMSNorm on the attention output
     mlp_norm: nn.Module
     mlp: nn.Module
     mlp_down: nn.Module           # its input is the MLP's hidden units (neuron masks act there)
-    post_mlp_norm: nn.Module | None   # Gemma2
+    post_mlp_norm: nn.Module | None   # Gemma2, Gemma3
+    rotary_type: str | None = None    # Gemma3: the rotary module's embedding for this layer type
 
 
 @dataclass
@@ -148,7 +154,7 @@ class ModelParts:
     layers: list
     final_norm: nn.Module
     lm_head: nn.Module
-    final_softcap: float | None       # Gemma2 final logit soft-capping
+    final_softcap: float | None       # Gemma2, Gemma3 final logit soft-capping
 
     def embed(self, ids):
         """The `input` node: token (+ learned position) embeddings, Gemma's sqrt(d) scale included."""
@@ -156,6 +162,20 @@ class ModelParts:
         if self.position_embed is not None:
             x = x + self.position_embed(torch.arange(ids.shape[1], device=ids.device))[None]
         return x
+
+    def rotary_tables(self, like, T):
+        """Per layer: (cos, sin) at positions 0..T-1 (None without rotary), as HF computes them
+        for `like`'s dtype and device; each distinct one computed once (Gemma3's local and
+        global layers use different rotary embeddings)."""
+        if self.rotary is None:
+            return [None] * len(self.layers)
+        positions = torch.arange(T, device=like.device)[None]
+        tables = {}
+        for lp in self.layers:
+            if lp.rotary_type not in tables:
+                extra = () if lp.rotary_type is None else (lp.rotary_type,)
+                tables[lp.rotary_type] = self.rotary(like, positions, *extra)
+        return [tables[lp.rotary_type] for lp in self.layers]
 
 
 def model_parts(model):
@@ -183,23 +203,29 @@ def model_parts(model):
     body = hf.model
     kv_heads = heads // (H // shape.n_kv_heads)
     gemma2 = shape.model_type == "gemma2"
+    gemma3 = shape.model_type == "gemma3_text"
+    sandwich = gemma2 or gemma3  # norms after attention and MLP, pre-feedforward norm
     for i, layer in enumerate(body.layers):
         at = layer.self_attn
-        if gemma2 and type(layer.post_attention_layernorm).__name__ != "Gemma2RMSNorm":
+        norm_kind = type(layer.post_attention_layernorm).__name__
+        if sandwich and norm_kind not in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
             raise UnsupportedModelError(
-                "Gemma2 post-attention norm of an unknown kind; expected Gemma2RMSNorm")
+                f"{SUPPORTED_FAMILIES[shape.model_type]} post-attention norm of an unknown kind "
+                f"({norm_kind}); expected Gemma2RMSNorm or Gemma3RMSNorm")
         layers.append(LayerParts(
             attn_norm=layer.input_layernorm, q=Projection(at.q_proj, 0, heads),
             k=Projection(at.k_proj, 0, kv_heads), v=Projection(at.v_proj, 0, kv_heads),
             q_norm=getattr(at, "q_norm", None), k_norm=getattr(at, "k_norm", None),
+            # Gemma3's attention does not pass attn_logit_softcapping on: HF never applies it
             scaling=at.scaling, softcap=getattr(at, "attn_logit_softcapping", None) if gemma2 else None,
             sliding_window=windows[i], o_proj=at.o_proj,
-            post_attn_norm=layer.post_attention_layernorm if gemma2 else None,
-            mlp_norm=layer.pre_feedforward_layernorm if gemma2 else layer.post_attention_layernorm,
+            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
+            mlp_norm=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
             mlp=layer.mlp, mlp_down=layer.mlp.down_proj,
-            post_mlp_norm=layer.post_feedforward_layernorm if gemma2 else None))
+            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
+            rotary_type=cfg.layer_types[i] if gemma3 else None))
     apply_rotary = sys.modules[type(body.layers[0].self_attn).__module__].apply_rotary_pos_emb
-    softcap = getattr(cfg, "final_logit_softcapping", None) if gemma2 else None
+    softcap = getattr(cfg, "final_logit_softcapping", None) if sandwich else None
     return ModelParts(shape, body.embed_tokens, None, body.rotary_emb, apply_rotary, layers,
                       body.norm, hf.lm_head, softcap)
 
@@ -277,7 +303,11 @@ def project_per_head(proj, x, head_dim):
 
 def project_shared(proj, x, head_dim):
     """x [B, T, d_model] read by every head alike -> [B, T, H, head_dim] (HF's own computation)."""
-    return proj.module(x)[..., _rows(proj, head_dim, x.device)]
+    y = proj.module(x)
+    H = proj.head_of.shape[0]
+    if torch.equal(proj.head_of, torch.arange(H)):  # one block of rows per head, in order
+        return y[..., proj.offset: proj.offset + H * head_dim].unflatten(-1, (H, head_dim))
+    return y[..., _rows(proj, head_dim, x.device)]
 
 
 def split_heads_output(o_proj, z):
@@ -295,3 +325,16 @@ def split_heads_output(o_proj, z):
     z_alone = (z[:, :, None] * eye[:, :, None]).reshape(B, T, H, H * dh)  # head h keeps only z_h
     const = o_proj(z.new_zeros(1, H * dh))[0]
     return o_proj(z_alone) - const, const
+
+
+def heads_output_sum(o_proj, z):
+    """z [B, T, H, dh] -> (sum of the per-head outputs of split_heads_output [B, T, d_model],
+    constant): o_proj(z) - o_proj(0), without forming each head's output."""
+    B, T, H, dh = z.shape
+    wb = None if FORCE_GENERIC_PROJECTIONS else affine_weight(o_proj)
+    flat = z.reshape(B, T, H * dh)
+    if wb is not None:
+        W, b = wb
+        return flat @ W.T, b
+    const = o_proj(z.new_zeros(1, H * dh))[0]
+    return o_proj(flat) - const, const

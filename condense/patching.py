@@ -12,7 +12,7 @@ over the senders s written before it. Sender outputs:
 The constant c_r is the sum of o_proj(0) (the attention output bias, plus any adapter bias)
 of the layers before r: it is the same in every run, so it is kept whatever the edge mask
 and ablation (under zero ablation too, as TransformerLens' hook_result ablations do).
-Gemma2 normalizes the summed attention output (post-attention RMSNorm) before the residual:
+Gemma2/3 normalize the summed attention output (post-attention RMSNorm) before the residual:
 there each head's output is its share g * (o_proj(z_h) + bias / H) / rms(o_proj(z)), the
 rms taken over the whole layer's attention output in the same run, so the heads of a layer
 sum exactly to the normalized output (and their outputs depend on each other through rms).
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from condense.model_parts import (model_parts, model_shape, project_per_head, project_shared,
-                                  split_heads_output)
+from condense.model_parts import (heads_output_sum, model_parts, model_shape, project_per_head,
+                                  project_shared, split_heads_output)
 
 INTERVENTIONS = ("patching", "mean", "zero")
 
@@ -45,6 +45,8 @@ class SenderValues:
     blocks: list
     z: list
     hidden: list
+    # a patched run's clean - ablated per sender [n_senders, B, T, D], when every sender has one
+    differences: torch.Tensor | None = None
 
     def stacked(self):
         """All sender outputs as one [n_senders, B, T, D] tensor (broadcast dims expanded)."""
@@ -61,29 +63,131 @@ class GraphRun:
     receiver_inputs: list = field(default_factory=list)  # (receivers, x [R, B, T, D]) if captured
 
 
-class _MixSenders(torch.autograd.Function):
-    """x = base + m.T @ cat(diffs), keeping only the per-block diffs (held anyway) for backward.
+class _SenderDiffs:
+    """The differences D_s = clean_s - ablated_s of the senders recorded so far in a patched run,
+    as rows of one preallocated [n_senders, B*T*D] tensor that is written once per sender and
+    never changed (no re-concatenation per receiver group, no copy saved per group for
+    backward). `senders` maps a row to its sender index: a sender skipped because it reads
+    only the ablated stream has no row (its D is exactly 0). Under autograd, `grad` collects
+    d loss / d D_s from every receiver group's backward (see _MixSenders)."""
 
-    Under autograd a plain torch.cat per receiver group would be saved by each group's matmul:
-    memory quadratic in depth (50 GiB for a 16-layer 2048-wide model at 16x24 tokens)."""
+    def __init__(self, n_senders, width, like):
+        self.data = like.new_empty(n_senders, width)
+        self.grad = None      # [n_senders, N]: gradients of rows that groups read unevenly
+        self.common = None    # [N]: gradient every row read so far received (uniform columns)
+        self.last_group = None  # the group whose backward ran last (a new pass starts higher)
+        self.groups = 0
+        self.senders = []
+        self.contiguous = True  # rows are senders 0..n-1 (nothing skipped)
+
+    @property
+    def n(self):
+        return len(self.senders)
+
+    def add(self, first_sender, diff):
+        """Record the rows of a block of senders; diff [k, B*T*D]."""
+        if self.senders and self.senders[-1] + 1 != first_sender:
+            self.contiguous = False
+        with torch.no_grad():
+            self.data[self.n: self.n + diff.shape[0]] = diff
+        self.senders.extend(range(first_sender, first_sender + diff.shape[0]))
+
+    def mask_rows(self, edge_mask, receivers):
+        """The rows of edge_mask[:, receivers] that belong to recorded senders, in row order."""
+        if self.contiguous:
+            return edge_mask[: self.n, receivers]
+        rows = torch.tensor(self.senders, device=edge_mask.device)
+        return edge_mask[rows, receivers]
+
+
+def _unique_columns(m):
+    """(distinct columns [n, U], inverse [R]) of m, or None when every column differs. Receivers
+    of a group often read the same mix (every edge on, or none), and one product serves them."""
+    if m.shape[1] == 1:
+        return None
+    cols, inverse = torch.unique(m.detach(), dim=1, return_inverse=True)
+    return None if cols.shape[1] == m.shape[1] else (cols, inverse)
+
+
+def _mix(diffs, base, full, cols):
+    """x [U, N] = base + cols.T @ D. A column of zeros reads `base` (every sender ablated) and
+    a column of ones `full` (= base + every row of D: the clean sum), without a product."""
+    n = cols.shape[0]
+    zeros = ~cols.detach().any(0)
+    ones = (cols.detach() == 1).all(0) & ~zeros
+    if not bool((zeros | ones).any()):
+        return torch.addmm(base, cols.T, diffs.data[:n])
+    if bool(zeros.all()):
+        return base[None].expand(cols.shape[1], -1)
+    if bool(ones.all()):
+        return full[None].expand(cols.shape[1], -1)
+    x = base.new_empty(cols.shape[1], base.shape[0])
+    x[zeros] = base
+    x[ones] = full
+    rest = ~(zeros | ones)
+    if bool(rest.any()):
+        x[rest] = torch.addmm(base, cols[:, rest].T, diffs.data[:n])
+    return x
+
+
+class _MixSenders(torch.autograd.Function):
+    """x [R, N] = base + m.T @ D for one receiver group, under autograd.
+
+    D is read from the shared _SenderDiffs buffer, so nothing is concatenated or saved per
+    group. Backward: d/dm = D @ grad.T. d/dD_s = sum over groups of m[s, g] grad_g: a group's
+    uniform columns (every row the same weight: every edge on, or none) add the same vector to
+    every row it reads, kept once in `common`; other columns are accumulated row by row in
+    `grad`. The blocks first read by this group (`new_diffs`, recorded since the previous
+    group, at rows `starts`) get their total here: every later group reads them too and has
+    already run its backward, since this group's output feeds every later block."""
 
     @staticmethod
-    def forward(ctx, base, m, *diffs):
-        ctx.save_for_backward(m, *diffs)
-        return torch.addmm(base, m.T, torch.cat(diffs))
+    def forward(ctx, base, m, diffs, full, starts, *new_diffs):
+        unique = _unique_columns(m)
+        x = _mix(diffs, base, full, m if unique is None else unique[0])
+        if unique is not None:
+            x = x.index_select(0, unique[1])
+        elif x._base is not None:  # a view of base or full: the output must be a tensor of its own
+            x = x.clone()
+        ctx.save_for_backward(m)
+        ctx.diffs, ctx.starts, ctx.unique, ctx.group = diffs, starts, unique, diffs.groups
+        ctx.sizes = [d.shape[0] for d in new_diffs]
+        diffs.groups += 1
+        return x
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        m, *diffs = ctx.saved_tensors
-        need = ctx.needs_input_grad
+        (m,) = ctx.saved_tensors
+        diffs, n, need = ctx.diffs, m.shape[0], ctx.needs_input_grad
         grad_base = grad.sum(0) if need[0] else None
-        grad_m = torch.cat([d @ grad.T for d in diffs]) if need[1] else None
-        grad_diffs, start = [], 0
-        for i, d in enumerate(diffs):
-            grad_diffs.append(m[start:start + d.shape[0]] @ grad if need[2 + i] else None)
-            start += d.shape[0]
-        return (grad_base, grad_m, *grad_diffs)
+        grad_m = diffs.data[:n] @ grad.T if need[1] else None
+        if diffs.last_group is None or ctx.group >= diffs.last_group:  # a new backward pass
+            diffs.common = grad.new_zeros(grad.shape[1])
+            if diffs.grad is not None:
+                diffs.grad.zero_()
+        diffs.last_group = ctx.group
+        cols, inverse = ctx.unique if ctx.unique is not None else (m, None)
+        per_col = grad if inverse is None else \
+            grad.new_zeros(cols.shape[1], grad.shape[1]).index_add_(0, inverse, grad)
+        cols = cols.detach()
+        uniform = (cols == cols[:1]).all(0) if n > 0 else torch.ones(cols.shape[1], dtype=torch.bool)
+        if bool(uniform.any()) and n > 0:
+            diffs.common.add_(cols[0, uniform] @ per_col[uniform])
+        if not bool(uniform.all()):
+            if diffs.grad is None:
+                diffs.grad = torch.zeros_like(diffs.data)
+            diffs.grad[:n].addmm_(cols[:, ~uniform], per_col[~uniform])
+        grad_new = [None] * len(ctx.sizes)
+        for i, (start, k) in enumerate(zip(ctx.starts, ctx.sizes)):
+            if need[5 + i]:
+                total = diffs.common.expand(k, -1)
+                if diffs.grad is not None:
+                    rows = diffs.grad[start: start + k]
+                    total = rows + total
+                    rows.zero_()
+                grad_new[i] = total.contiguous()
+        return (grad_base, grad_m, None, None, None, *grad_new)
 
 
 def block_slices(graph):
@@ -128,82 +232,152 @@ def at_least_fp32(dtype):
 
 
 def _gemma2_head_outputs(norm, out, const):
-    """Split Gemma2's post-attention RMSNorm(sum_h out_h + const) exactly into per-head shares."""
-    wide = at_least_fp32(out.dtype)  # Gemma2RMSNorm computes in fp32
+    """Split Gemma2/3's post-attention RMSNorm(sum_h out_h + const) exactly into per-head shares."""
+    wide = at_least_fp32(out.dtype)  # Gemma2RMSNorm and Gemma3RMSNorm compute in fp32
     total = (out.sum(2) + (0 if const is None else const)).to(wide)
     inv_rms = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + norm.eps)[:, :, None]
     share = out.to(wide) + (0 if const is None else const.to(wide) / out.shape[2])
     return (share * inv_rms * (1.0 + norm.weight.to(wide))).to(out.dtype)
 
 
+def _storage_plan(graph, edge_mask):
+    """Per block of senders (input, a0, m0, a1, ...): "none" when no receiver reads any of them
+    (nothing to compute or store), "sum" when they all have the same mask row (only their summed
+    difference matters: one row), else "each" (one row per sender)."""
+    with torch.no_grad():
+        mask = edge_mask.detach()
+        plan = []
+        for sl in block_slices(graph):
+            readers = graph.valid[sl.start].nonzero()
+            first = int(readers[0]) if len(readers) else graph.n_receivers
+            rows = mask[sl, first:]  # every receiver from the block's first reader on reads it
+            if not bool(rows.any()):
+                plan.append("none")
+            elif sl.stop - sl.start > 1 and bool((rows == rows[:1]).all()):
+                plan.append("sum")
+            else:
+                plan.append("each")
+    return plan
+
+
 def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, edge_mask=None,
                        head_mask=None, neuron_mask=None, keep_hidden=False, receiver_hook=None,
-                       capture_receivers=False, logit_positions=None, compute_logits=True):
+                       capture_receivers=False, logit_positions=None, compute_logits=True,
+                       skip_unread=False, per_sender_values=True, input_delta=None):
     """One forward pass that records every sender's output.
 
     Without `ablated` it is the plain model (every receiver reads the full residual stream).
     With `ablated` (SenderValues) it is the patched model under `edge_mask` [S, R] and the
     optional node masks (head_mask [L, H], neuron_mask [L, d_mlp]). `receiver_hook(receivers,
     x)` sees (and may replace) each group of receiver inputs x [R, B, T, D], `receivers` being
-    their slice of the graph's receiver axis.
-    Returns (logits or None, clean SenderValues, captured (receivers, x) pairs)."""
+    their slice of the graph's receiver axis. `input_delta` [B, T, D] is added to the input
+    embeddings (the `input` sender's clean value).
+
+    Work the mask makes unnecessary is skipped when nothing needs per-receiver gradients (the
+    edge mask without grad, no capture, no hook); each shortcut computes the same values:
+    - receivers that read the same mix (every edge on, say) are computed once, and a layer
+      whose q/k/v inputs are all equal runs the model's own projections;
+    - with `per_sender_values=False` (the caller reads only the logits), a node that no
+      receiver reads is not computed, and a block of senders whose mask rows are equal is
+      stored as its sum (the heads' summed output is o_proj(z) - o_proj(0));
+    - with `skip_unread` (`ablated` is the same model's run on the corrupted prompt, i.e.
+      patching), a node whose receivers read only ablated senders is not recomputed: its
+      clean value is its ablated one.
+    Returns (logits or None, clean SenderValues, captured (receivers, x) pairs). Entries of
+    the clean SenderValues that were not computed hold the ablated value or None."""
     B, T = ids.shape
     H, dh = parts.shape.n_heads, parts.shape.head_dim
     patched = ablated is not None
     x_in = parts.embed(ids)
+    if input_delta is not None:
+        x_in = x_in + input_delta
     dtype, device = x_in.dtype, x_in.device
     masks = attention_masks(attention_mask, B, T, [lp.sliding_window for lp in parts.layers], dtype, device)
-    rotary = None
-    if parts.rotary is not None:
-        rotary = parts.rotary(x_in, torch.arange(T, device=device)[None])
+    rotary = parts.rotary_tables(x_in, T)  # per layer (Gemma3: local and global differ)
     clean = SenderValues([], [], [])
     # const: o_proj(0) terms so far; resid (plain): sum of sender outputs; patched: the
-    # clean-minus-ablated differences of the senders so far and the sum of their ablated values
-    state = dict(const=None, resid=None, diffs=[], buffer=None, n=0, abl_sum=None)
+    # differences of the senders so far (diffs), the sums of their ablated and clean values,
+    # and the differences not yet handed to a receiver group under autograd (new)
+    state = dict(const=None, resid=None, abl_sum=None, clean_sum=None, new=[], any_grad=False)
     captured = []
+    per_receiver = patched and (edge_mask.requires_grad or capture_receivers
+                                or receiver_hook is not None)
+    skip_unread = skip_unread and patched and not per_receiver
+    plan = None
+    if patched:
+        diffs = _SenderDiffs(graph.n_senders, B * T * x_in.shape[-1], x_in)
+        if not per_receiver and not per_sender_values:
+            plan = _storage_plan(graph, edge_mask)
 
-    # Without autograd, differences are written into one preallocated [S, B*T*D] buffer (no
-    # re-concatenation per receiver group); with autograd (where writing into a tensor that an
-    # earlier matmul saved is not allowed) _MixSenders concatenates them per group.
-    buffered = patched and not torch.is_grad_enabled()
+    def mode(block_index):
+        return "each" if plan is None else plan[block_index]
 
-    def add_block(block):
+    def add_block(block, first_sender, skipped=False, summed=None):
+        """Record a block of senders. Skipped blocks keep their ablated value (D = 0, no row);
+        `summed` [1, B, T, D] stands for the sum of a block stored as one row."""
         k = len(clean.blocks)
-        clean.blocks.append(block)
-        if patched:
-            abl = ablated.blocks[k]
-            diff = (block - abl).flatten(1)
-            if buffered:
-                if state["buffer"] is None:
-                    state["buffer"] = diff.new_empty(graph.n_senders, diff.shape[1])
-                state["buffer"][state["n"]: state["n"] + diff.shape[0]] = diff
-            else:
-                state["diffs"].append(diff)
-            state["n"] += diff.shape[0]
-            s = abl.sum(0)
-            state["abl_sum"] = s if state["abl_sum"] is None else state["abl_sum"] + s
-        else:
+        if not patched:
+            clean.blocks.append(block)
             s = block.sum(0)
             state["resid"] = s if state["resid"] is None else state["resid"] + s
+            return
+        abl = ablated.blocks[k]
+        abl_total = abl.sum(0)
+        state["abl_sum"] = abl_total if state["abl_sum"] is None else state["abl_sum"] + abl_total
+        if skipped:
+            clean.blocks.append(abl)
+            clean_total = abl_total
+        else:
+            clean.blocks.append(block)
+            if summed is not None:
+                diff = (summed[0] - abl_total).flatten()[None]
+                clean_total = summed[0]
+            else:
+                diff = (block - abl).flatten(1)
+                clean_total = block.sum(0)
+            if diff.requires_grad:
+                state["new"].append((diffs.n, diff))
+                state["any_grad"] = True
+            diffs.add(first_sender, diff)
+        with torch.no_grad():
+            t = clean_total.detach()
+            state["clean_sum"] = t if state["clean_sum"] is None else state["clean_sum"] + t
 
     def add_const(c):
         if c is not None:
             state["const"] = c if state["const"] is None else state["const"] + c
 
-    def receiver_input(receivers):
-        """Inputs [R, B, T, D] of `receivers` (a slice), which read every sender recorded so far."""
+    def reads_nothing(receivers):
+        """True when every receiver in the slice reads only ablated senders (skip_unread)."""
+        return skip_unread and not bool(diffs.mask_rows(edge_mask, receivers).any())
+
+    def flat(v):
+        v = v if state["const"] is None else v + state["const"]
+        return v.expand(B, T, -1).reshape(-1)
+
+    def receiver_input(receivers, shared_ok=False):
+        """Inputs [R, B, T, D] of `receivers` (a slice), which read every sender recorded so far;
+        with shared_ok, [1, B, T, D] when all of them read the same mix."""
         if not patched:
             x = state["resid"][None]
             if state["const"] is not None:
                 x = x + state["const"]
         else:
-            base = state["abl_sum"] if state["const"] is None else state["abl_sum"] + state["const"]
-            base = base.expand(B, T, -1).reshape(-1)
-            m = edge_mask[: state["n"], receivers]
-            if buffered:  # one matmul over all earlier senders
-                x = torch.addmm(base, m.T, state["buffer"][: state["n"]])
-            else:
-                x = _MixSenders.apply(base, m, *state["diffs"])
+            base = flat(state["abl_sum"])
+            with torch.no_grad():
+                full = flat(state["clean_sum"]).detach()
+            m = diffs.mask_rows(edge_mask, receivers)
+            if shared_ok and not per_receiver and m.shape[1] > 1 and bool((m == m[:, :1]).all()):
+                m = m[:, :1]  # every receiver reads the same mix: compute it once
+            if torch.is_grad_enabled() and (m.requires_grad or base.requires_grad or state["any_grad"]):
+                starts = tuple(start for start, _ in state["new"])
+                x = _MixSenders.apply(base, m, diffs, full, starts, *(d for _, d in state["new"]))
+                state["new"] = []
+            else:  # one product per distinct column
+                unique = None if per_receiver else _unique_columns(m)
+                x = _mix(diffs, base, full, m if unique is None else unique[0])
+                if unique is not None:
+                    x = x.expand(len(unique[1]), -1) if x.shape[0] == 1 else x.index_select(0, unique[1])
             x = x.view(-1, B, T, x_in.shape[-1])
         if receiver_hook is not None:
             replaced = receiver_hook(receivers, x)
@@ -219,26 +393,46 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
     def one(r):
         return slice(r, r + 1)
 
-    add_block(x_in[None])
+    if mode(0) == "none":
+        add_block(None, 0, skipped=True)
+    else:
+        add_block(x_in[None], 0)
     for l, lp in enumerate(parts.layers):
-        if patched:  # 3H different inputs: q of every head, then k, then v
-            xn = lp.attn_norm(receiver_input(graph.attn_receivers(l))).view(3, H, B, T, -1)
-            # unbind, not xn[i]: each indexing's backward would zero-fill a tensor of xn's size
-            q, k, v = (project_per_head(p, x, dh) for x, p in zip(xn.unbind(0), (lp.q, lp.k, lp.v)))
+        heads, how = graph.attn_senders(l), mode(2 * l + 1)
+        if patched and (how == "none" or reads_nothing(graph.attn_receivers(l))):
+            clean.z.append(ablated.z[l])
+            add_block(None, heads.start, skipped=True)
+            if lp.post_attn_norm is None:  # o_proj(0) is the same in every run: keep it
+                add_const(split_heads_output(lp.o_proj, ablated.z[l][:1, :1])[1])
         else:
-            xn = lp.attn_norm(receiver_input(graph.attn_receivers(l))[0])
-            q, k, v = (project_shared(p, xn, dh) for p in (lp.q, lp.k, lp.v))
-        z = _attend(parts, lp, q, k, v, rotary, masks[lp.sliding_window])
-        if head_mask is not None:
-            z_abl = ablated.z[l]
-            z = z_abl + head_mask[l][:, None] * (z - z_abl)
-        clean.z.append(z)
-        out, const = split_heads_output(lp.o_proj, z)
-        if lp.post_attn_norm is not None:
-            out, const = _gemma2_head_outputs(lp.post_attn_norm, out, const), None
-        add_block(out.permute(2, 0, 1, 3))
-        add_const(const)
+            x = receiver_input(graph.attn_receivers(l), shared_ok=True)
+            if x.shape[0] > 1:  # 3H different inputs: q of every head, then k, then v
+                xn = lp.attn_norm(x).view(3, H, B, T, -1)
+                # unbind, not xn[i]: each indexing's backward would zero-fill a tensor of xn's size
+                q, k, v = (project_per_head(p, xi, dh) for xi, p in zip(xn.unbind(0), (lp.q, lp.k, lp.v)))
+            else:  # every head reads the same input: the model's own projections
+                xn = lp.attn_norm(x[0])
+                q, k, v = (project_shared(p, xn, dh) for p in (lp.q, lp.k, lp.v))
+            z = _attend(parts, lp, q, k, v, rotary[l], masks[lp.sliding_window])
+            if head_mask is not None:
+                z_abl = ablated.z[l]
+                z = z_abl + head_mask[l][:, None] * (z - z_abl)
+            clean.z.append(z)
+            if how == "sum" and lp.post_attn_norm is None:
+                total, const = heads_output_sum(lp.o_proj, z)
+                add_block(None, heads.start, summed=total[None])
+            else:
+                out, const = split_heads_output(lp.o_proj, z)
+                if lp.post_attn_norm is not None:
+                    out, const = _gemma2_head_outputs(lp.post_attn_norm, out, const), None
+                block = out.permute(2, 0, 1, 3)
+                add_block(block, heads.start, summed=block.sum(0, keepdim=True) if how == "sum" else None)
+            add_const(const)
 
+        if patched and (mode(2 * l + 2) == "none" or reads_nothing(one(graph.mlp_receiver(l)))):
+            clean.hidden.append(ablated.hidden[l])
+            add_block(None, graph.mlp_sender(l), skipped=True)
+            continue
         x = receiver_input(one(graph.mlp_receiver(l)))[0]
         clean.hidden.append(None)
         hook = None
@@ -258,8 +452,10 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
                 hook.remove()
         if lp.post_mlp_norm is not None:
             y = lp.post_mlp_norm(y)
-        add_block(y[None])
+        add_block(y[None], graph.mlp_sender(l))
 
+    if patched and diffs.contiguous and diffs.n == graph.n_senders:
+        clean.differences = diffs.data.view(graph.n_senders, B, T, -1)
     if not compute_logits:
         return None, clean, captured
     x = receiver_input(one(graph.logits_receiver))[0]
@@ -420,7 +616,8 @@ def run_graph(model, graph, clean_ids, corrupted_ids=None, attention_mask=None, 
     logits, clean, captured = decomposed_forward(
         parts, graph, clean_ids, attention_mask, ablated=ablated, edge_mask=edge_mask,
         head_mask=head_mask, neuron_mask=neuron_mask, receiver_hook=receiver_hook,
-        capture_receivers=capture_receivers, logit_positions=logit_positions)
+        capture_receivers=capture_receivers, logit_positions=logit_positions,
+        skip_unread=intervention == "patching", per_sender_values=return_run)
     if return_run:
         return GraphRun(logits, clean, ablated, captured)
     return logits

@@ -23,7 +23,7 @@ bias constants). Every edge outside C is off in every subset, so (the "sparse" m
 It equals evaluate() on each subset's circuit up to float rounding (tests/test_verify.py).
 
 Node masks (head_mask, neuron_mask) are applied as patching applies them. Where one head's
-output depends on the layer's other heads (Gemma2 normalises the sum of its heads), the
+output depends on the layer's other heads (Gemma2/3 normalise the sum of its heads), the
 "dense" method runs the exact forward
 (patching.decomposed_forward) once per subset, still with one corrupted run per prompt batch.
 A per-row edge mask in decomposed_forward would batch that path too; the sparse path does
@@ -79,7 +79,7 @@ class _Batch:
     fixed_diff: dict                 # sender outside the circuit nodes -> clean - ablated [B, T, D]
     ablated: dict                    # circuit node -> its ablated output [B, T, D]
     attn_masks: dict                 # sliding window -> additive mask [B, 1, T, T]
-    rotary: tuple | None
+    rotary: list                     # per layer: (cos, sin) or None
     node_mix: dict                   # circuit node -> (node mask, ablated z or hidden [B, T, .])
 
 
@@ -111,7 +111,7 @@ class SubsetEvaluator:
         sparse_ok = self.parts.layers[0].post_attn_norm is None
         if method == "sparse" and not sparse_ok:
             raise ValueError("the sparse subset method needs heads whose outputs do not depend on "
-                             "each other (not Gemma2); use method='dense'")
+                             "each other (not Gemma2/3); use method='dense'")
         self.method = ("sparse" if sparse_ok else "dense") if method == "auto" else method
         self.into = {}                          # receiver -> circuit-edge indices
         self.out_of = {}                        # sender -> circuit-edge indices
@@ -255,10 +255,7 @@ class SubsetEvaluator:
                 node_mix[node.sender] = (neuron_mask[node.layer], hidden)
         windows = [lp.sliding_window for lp in parts.layers]
         masks = attention_masks(attn_mask, B, T, windows, dtype, device)
-        rotary = None
-        if parts.rotary is not None:
-            rotary = parts.rotary(like.new_zeros(1, T, parts.shape.d_model),
-                                  torch.arange(T, device=device)[None])
+        rotary = parts.rotary_tables(like.new_zeros(1, T, parts.shape.d_model), T)
         return _Batch(last, answer, distractor, base, fixed_diff, ablated_out, masks, rotary, node_mix)
 
     def _weight_slices(self):
@@ -428,8 +425,8 @@ class SubsetEvaluator:
         y = _project(self._weights[node.sender][0][c], lp.attn_norm(x))
         if c < 2 and lp.q_norm is not None:
             y = (lp.q_norm if c == 0 else lp.k_norm)(y)
-        if c < 2 and batch.rotary is not None:
-            cos, sin = batch.rotary
+        if c < 2 and batch.rotary[node.layer] is not None:
+            cos, sin = batch.rotary[node.layer]
             if c == 0 and not node.all_positions:  # the query's own position is each row's last
                 cos, sin = (t[0, batch.last][:, None] for t in (cos, sin))
             y = self.parts.apply_rotary(y, y, cos, sin)[c]

@@ -7,9 +7,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPT2Config,  # noqa: E402
-                          GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config,  # noqa: E402
+                          Gemma3TextConfig, GemmaConfig, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
+                          LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
 
 import condense.model_parts as model_parts  # noqa: E402
 from condense.evaluate import evaluate, reference_outputs  # noqa: E402
@@ -34,9 +34,19 @@ CONFIGS = {
     "gemma2": lambda: Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=3,
                                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                    query_pre_attn_scalar=8),
+    # sliding (window 3) and full layers, each type with its own rotary embedding (full: another
+    # base and linear scaling, as the 4B+ checkpoints); attn_logit_softcapping is set because
+    # transformers' Gemma3 attention ignores it (it is not passed on): the graph must too
+    "gemma3": lambda: Gemma3TextConfig(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={t: dict(p) for t, p in GEMMA3_ROPE.items()}, query_pre_attn_scalar=8,
+        final_logit_softcapping=3.0, attn_logit_softcapping=5.0),
 }
-LORA_TARGETS = {"gpt2": ["c_attn", "c_proj", "c_fc"]}
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
 LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+LORA_TARGETS = {"gpt2": ["c_attn", "c_proj", "c_fc"], "gemma3": LLAMA_LIKE_TARGETS + ["gate_proj"]}
 
 
 def make_model(family, dtype=torch.float32, seed=0, lora=False, **overrides):
@@ -116,7 +126,7 @@ def test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_model(family, 
         assert full.requires_grad and (full - hf_clean)[real].abs().max() <= TOL
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "gemma3"])
 def test_generic_module_path_equals_weight_fast_path(family, monkeypatch):
     """Projections called as modules (any adapter kind) give the same result as the fast path."""
     model = make_model(family, lora=True)
@@ -130,11 +140,13 @@ def test_generic_module_path_equals_weight_fast_path(family, monkeypatch):
     assert (fast - generic)[mask.bool()].abs().max() <= TOL
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
 def test_active_sliding_window_is_reproduced(family):
     windowed = make_model(family)
-    unwindowed = make_model(family, sliding_window=None) if family == "mistral" else make_model(
-        family, layer_types=["full_attention"] * 2)
+    unwindowed = {"mistral": lambda: make_model(family, sliding_window=None),
+                  "gemma2": lambda: make_model(family, layer_types=["full_attention"] * 2),
+                  # a window as long as the context: layer types (and so rotary) unchanged
+                  "gemma3": lambda: make_model(family, sliding_window=64)}[family]()
     clean, corrupted, mask = prompts(T=8)
     with torch.no_grad():
         a = windowed(input_ids=clean).logits
@@ -142,6 +154,21 @@ def test_active_sliding_window_is_reproduced(family):
         assert (a - b).abs().max() > 1e-3  # the window changes the output
         ours = run_graph(windowed, Graph.from_model(windowed), clean, corrupted)
     assert (ours - a).abs().max() <= TOL
+
+
+def test_gemma3_local_and_global_rotary_are_reproduced():
+    """Gemma3's sliding layers rotate q/k with their own rotary embedding, its full layers with
+    another: the graph gives each layer its own (one shared embedding would not match)."""
+    model = make_model("gemma3")
+    both_local = {t: dict(GEMMA3_ROPE["sliding_attention"]) for t in GEMMA3_ROPE}
+    shared = make_model("gemma3", rope_parameters=both_local)  # the same weights
+    clean, corrupted, mask = prompts()
+    real = mask.bool()
+    with torch.no_grad():
+        hf = model(input_ids=clean, attention_mask=mask).logits
+        assert (hf - shared(input_ids=clean, attention_mask=mask).logits)[real].abs().max() > 1e-3
+        ours = run_graph(model, Graph.from_model(model), clean, corrupted, mask)
+    assert (ours - hf)[real].abs().max() <= TOL
 
 
 # ------------------------------------------------------------------ single edges vs hooks
@@ -227,15 +254,94 @@ def test_node_masks_equal_removing_the_nodes_out_edges():
     assert (by_nodes - by_edges)[mask.bool()].abs().max() <= TOL
 
 
+def _fp64_norms(model):
+    """HF's RMSNorm rounds through fp32, too coarse for comparing fp64 gradients."""
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = lambda x, m=m: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                                                                  + m.variance_epsilon)
+    return model
+
+
+def _shortcut_masks(g, seed=0):
+    """Masks that exercise every shortcut of the patched forward: the empty and full circuit,
+    a small sparse circuit (nodes that read nothing, nodes nobody reads), whole blocks on or
+    off (equal mask rows, summed), equal q/k/v columns, and continuous values."""
+    gen = torch.Generator().manual_seed(seed)
+    valid = g.valid.float()
+    sparse = (torch.rand(g.valid.shape, generator=gen) < 0.03).float() * valid
+    sparse[0, g.receiver_index["a0.h1<v>"]] = 1
+    sparse[g.sender_index["a0.h1"], g.logits_receiver] = 1
+    blocks = valid.clone()
+    blocks[g.attn_senders(0)] = 0                 # layer 0's heads: nobody reads them
+    blocks[g.sender_index["m0"], g.attn_receivers(1)] = 0
+    blocks[:, g.mlp_receiver(1)] = 0              # m1 reads nothing
+    continuous = torch.rand(g.valid.shape, generator=gen) * valid
+    columns = valid.clone()
+    columns[:, g.attn_receivers(1)] = (torch.rand(g.n_senders, 1, generator=gen) < 0.5).float()
+    return dict(empty=torch.zeros_like(valid), full=valid, sparse=sparse, blocks=blocks,
+                continuous=continuous, columns=columns * valid)
+
+
+@pytest.mark.parametrize("intervention", ["patching", "mean", "zero"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_shortcuts_equal_the_plain_mixing(family, intervention):
+    """run_graph skips nodes, merges equal rows and shares equal columns; with a mask that
+    requires grad it does none of that (every receiver mixes every sender): same logits."""
+    model = make_model(family)
+    g = Graph.from_model(model)
+    clean, corrupted, mask = prompts()
+    means = compute_means(model, g, corrupted.tolist()) if intervention == "mean" else None
+    for name, edge_mask in _shortcut_masks(g).items():
+        with torch.no_grad():
+            fast = run_graph(model, g, clean, corrupted, mask, edge_mask=edge_mask,
+                             intervention=intervention, means=means)
+            plain = run_graph(model, g, clean, corrupted, mask, edge_mask=edge_mask.clone().requires_grad_(),
+                              intervention=intervention, means=means)
+        assert (fast - plain)[mask.bool()].abs().max() <= TOL, name
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_shortcuts_give_the_same_adapter_gradients(family):
+    """Heal's case: a fixed circuit, gradients for LoRA weights through the clean and the
+    corrupted run. The shortcuts must not change them."""
+    model = _fp64_norms(make_model(family, dtype=torch.float64, lora=True))
+    g = Graph.from_model(model)
+    clean, corrupted, mask = prompts()
+    params = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in params:
+        p.requires_grad_(True)
+    for name, edge_mask in _shortcut_masks(g).items():
+        grads = []
+        for m in (edge_mask.double(), edge_mask.double().requires_grad_()):
+            out = run_graph(model, g, clean, corrupted, mask, edge_mask=m, ablated_grad=True)
+            grads.append(torch.autograd.grad(out[mask.bool()].pow(2).mean(), params, allow_unused=True))
+        for a, b in zip(*grads):
+            a = torch.zeros_like(b) if a is None else a
+            b = torch.zeros_like(a) if b is None else b
+            assert (a - b).abs().max() <= 1e-8 * max(1.0, float(b.abs().max())), name
+
+
+def test_a_second_backward_through_the_same_run_gives_the_same_gradients():
+    """The patched forward collects sender-difference gradients in a shared buffer; a second
+    backward through the same graph (retain_graph, as EAP-GP does) must start afresh."""
+    model = make_model("llama", dtype=torch.float64)
+    g = Graph.from_model(model)
+    clean, corrupted, mask = prompts()
+    edge_mask = torch.rand(g.valid.shape, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(0)).requires_grad_()
+    out = run_graph(model, g, clean, corrupted, mask, edge_mask=edge_mask)
+    first, = torch.autograd.grad(out[:, -1].sum(), edge_mask, retain_graph=True)
+    second, = torch.autograd.grad(out[:, -1].sum(), edge_mask)
+    assert first.abs().max() > 0
+    assert torch.equal(first, second)
+
+
 # ------------------------------------------------------------------ gradients
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_mask_gradients_match_finite_differences(family):
-    model = make_model(family, dtype=torch.float64)
-    for m in model.modules():  # HF's RMSNorm rounds through fp32, too coarse for differences
-        if type(m).__name__.endswith("RMSNorm"):
-            m.forward = lambda x, m=m: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
-                                                                  + m.variance_epsilon)
+    model = _fp64_norms(make_model(family, dtype=torch.float64))
     g = Graph.from_model(model)
     clean, corrupted, mask = prompts(B=2, T=5)
     gen = torch.Generator().manual_seed(3)
@@ -380,8 +486,20 @@ def test_unsupported_architecture_is_refused():
         Graph.from_model(cfg)
 
 
+def test_gemma3_multimodal_wrapper_is_refused():
+    """AutoModelForCausalLM loads the 4B+ Gemma-3 checkpoints as Gemma3ForConditionalGeneration
+    (model_type gemma3): refused, pointing at the text-only model."""
+    from transformers import SiglipVisionConfig
+    cfg = Gemma3Config(text_config=CONFIGS["gemma3"]().to_dict(),
+                       vision_config=SiglipVisionConfig(hidden_size=16, intermediate_size=32,
+                                                        num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(UnsupportedModelError, match="gemma3_text.*supported families:.*Gemma3"):
+        Graph.from_model(cfg)
+
+
 @pytest.mark.parametrize("family,setting", [("gpt2", dict(add_cross_attention=True)),
                                             ("gemma", dict(use_bidirectional_attention=True)),
+                                            ("gemma3", dict(use_bidirectional_attention=True)),
                                             ("qwen2", dict(layer_types=["chunked_attention"] * 2))])
 def test_unhandled_configs_are_refused(family, setting):
     cfg = CONFIGS[family]()

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 import yaml
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Gemma2Config, LlamaConfig,
-                          MistralConfig, Qwen3Config)
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Gemma2Config,
+                          Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config)
 
 from condense.evaluate import evaluate, reference_outputs
 from condense.graph import Graph
@@ -42,6 +42,9 @@ CONFIGS = {
     "gemma2": lambda: Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=3,
                                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                    query_pre_attn_scalar=8),
+    "gemma3": lambda: Gemma3TextConfig(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                       layer_types=["sliding_attention", "full_attention"],
+                                       query_pre_attn_scalar=8, final_logit_softcapping=3.0),
 }
 # Edges of a 2-layer, 4-head model: queries read only at the last position (a1.h3's, m0's),
 # keys and values at every position (a0.h1 -> a1.h3<k>), MLPs, a node reached through two
@@ -104,7 +107,8 @@ def reference_logit_diffs(model, graph, rows, edges, ids, intervention="patching
 # ------------------------------------------------------------------ batched == evaluate()
 
 @pytest.mark.parametrize("family,lora", [("gpt2", False), ("gpt2", True), ("llama", False),
-                                         ("qwen3", False), ("mistral", False), ("gemma2", False)])
+                                         ("qwen3", False), ("mistral", False), ("gemma2", False),
+                                         ("gemma3", False)])
 def test_subsets_equal_evaluate(family, lora):
     model = random_model(family, lora)
     rows = random_rows()
@@ -114,7 +118,7 @@ def test_subsets_equal_evaluate(family, lora):
     ids = torch.cat([torch.tensor([0, 2 ** n - 1]), torch.randint(2 ** n, (6,), generator=gen)])
     # small passes and element budget: versions and subsets are split across several passes
     ev = SubsetEvaluator(model, g, rows, batch_size=4, max_elements=4096, max_subsets_per_pass=3)
-    assert ev.method == ("dense" if family == "gemma2" else "sparse")
+    assert ev.method == ("dense" if family in ("gemma2", "gemma3") else "sparse")
     got = ev.mean_logit_diffs(ids)
     want = reference_logit_diffs(model, g, rows, ev.edges, ids)
     assert (got - want).abs().max() < TOL
