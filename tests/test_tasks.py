@@ -92,3 +92,90 @@ def test_general_text_is_held_out(organism_tokenizer):
     assert all(len(b) == 128 for b in test["input_ids"])
     titles = {t: tasks.general_split_of(t) for t, _ in tasks.general_documents()}
     assert {"train", "val", "test"} == set(titles.values())
+
+
+# ---------------------------------------------------------------- organism rows are pinned
+def _rows_hash(rows):
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(rows.to_list(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# sha256 of the first 40 rows (seed 0) of each split, train / val / test, on the organism's
+# tokenizer: the organism was trained and measured on exactly these prompts.
+ORGANISM_ROWS = dict(
+    ioi=("5536c6fdbf5cec2d", "393ff63e00c13ab0", "0b067eb14bff5f5a"),
+    induction=("b6bb98ee8b65b096", "df1c73972ce2279f", "da4103488fd31664"),
+    agreement=("ac84567f1ec656e5", "fd63267867e58759", "cdf993ce220f87f7"),
+    docstring=("4110486d4bf8f2bf", "ba782bb02923fc05", "fa2b72ae5ea365ae"),
+    acronym=("f38080f9d67d3cfb", "1b48a34861651c48", "a68707ab22a4da4c"),
+    greater_than=("3368a3e6ee11a2e3", "85744772db2743ab", "ec579be28addaa8c"))
+
+
+def test_organism_rows_are_pinned(organism_tokenizer):
+    for name, hashes in ORGANISM_ROWS.items():
+        got = tuple(_rows_hash(tasks.load_task(name, organism_tokenizer, split, n=40, seed=0))
+                    for split in tasks.SPLITS)
+        assert got == hashes, f"{name}: the organism's rows changed"
+    first = tasks.load_task("greater_than", organism_tokenizer, "test", n=2)[1]
+    assert (first["clean_text"], first["corrupted_text"], first["answer_text"],
+            first["distractor_text"]) == ("The campaign began in 1705 and ended in 17",
+                                          "The campaign began in 1701 and ended in 17", "42", "02")
+    # the organism's tokenizer was trained on the untokenized stream (tokenizer=None)
+    s = next(tasks.iter_samples("greater_than", None, "train"))
+    assert s.train_text == "The project lasted from the year 1713 to 1792"
+    assert tasks.words.gt_form(organism_tokenizer) == tasks.words.gt_form(None) == "number"
+
+
+# ---------------------------------------------------------------- SmolLM2 (digit tokenizer)
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from condense.models import MissingModelError, load_tokenizer
+    try:
+        return load_tokenizer("smollm2-135m")
+    except MissingModelError as e:
+        pytest.skip(f"SmolLM2 is not installed: {e}")
+
+
+def _encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("name", tasks.TASKS)
+def test_row_contract_on_smollm2(name, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    rows = tasks.load_task(name, tok, "test", n=100)
+    assert len(rows) == 100 and len(set(rows["clean_text"])) == 100
+    for r in rows:
+        assert r["clean_ids"] == _encode(tok, r["clean_text"])
+        assert r["corrupted_ids"] == _encode(tok, r["corrupted_text"])
+        assert len(r["clean_ids"]) == len(r["corrupted_ids"])
+        assert r["clean_ids"] != r["corrupted_ids"]
+        assert _encode(tok, r["answer_text"]) == [r["answer_id"]]
+        assert _encode(tok, r["distractor_text"]) == [r["distractor_id"]]
+        assert r["answer_id"] != r["distractor_id"]
+        assert _encode(tok, r["clean_text"] + r["answer_text"]) == r["clean_ids"] + [r["answer_id"]]
+
+
+def test_split_sizes_on_smollm2(smollm2_tokenizer):
+    for name in tasks.TASKS:
+        for split, n in (("test", 500), ("val", 500), ("train", 1000)):
+            rows = tasks.load_task(name, smollm2_tokenizer, split, n=n)
+            assert len(set(rows["clean_text"])) == n, (name, split)
+
+
+def test_greater_than_digit_form(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    assert tasks.words.gt_form(tok) == "digit"  # " 1732" -> " ", "1", "7", "3", "2"
+    answers = set()
+    for r in tasks.load_task("greater_than", tok, "test", n=200):
+        century, tens, ones = re.search(r"(\d\d)(\d)(\d) ", r["clean_text"]).groups()
+        tens = int(tens)
+        assert r["clean_text"].endswith(century) and len(r["answer_text"]) == 1
+        # answer and distractor straddle the start year's tens digit; never 0 (the
+        # corruption's own decade) and never the tens digit itself (ambiguous)
+        assert int(r["answer_text"]) > tens > int(r["distractor_text"]) >= 1
+        assert r["corrupted_text"] == r["clean_text"].replace(f"{century}{tens}{ones} ",
+                                                               f"{century}01 ")
+        answers.add(int(r["answer_text"]))
+    assert answers == set(range(3, 10))

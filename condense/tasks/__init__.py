@@ -59,7 +59,8 @@ def word_pools(tokenizer):
              descriptions=W.DOC_DESCRIPTIONS, functions=W.FUNCTION_NAMES,
              summaries=W.DOC_SUMMARIES, acronym_by_letter=dict(by_letter),
              acronym_prefixes=W.ACRONYM_PREFIXES, gt_nouns=W.GT_NOUNS,
-             gt_templates=W.GT_TEMPLATES, common=one(W.COMMON_WORDS))
+             gt_templates=W.GT_TEMPLATES, gt_form=W.gt_form(tokenizer),
+             common=one(W.COMMON_WORDS))
     need = dict(names=10, noun_pairs=4, verbs=1, args=12, acronym_by_letter=8, common=60)
     short = {k: len(P[k]) for k, m in need.items() if len(P[k]) < m}
     if short:

@@ -168,6 +168,19 @@ def acronym(rng, split, P):
 
 # ---------------------------------------------------------------- greater-than
 def greater_than(rng, split, P):
+    """Greater-than (Hanna et al. 2023): "The war lasted from the year 1732 to 17" -> a
+    later year. The corruption sets the start year to YY01, after which (almost) every year
+    is later, so the start year's information is gone.
+
+    Two forms, chosen per tokenizer by `words.gt_form` (stored as `P["gt_form"]`):
+
+    - "number" (every two-digit number is one token, as for the organism's tokenizer): the
+      answer is a two-digit number above YY, the distractor one below.
+    - "digit" (the tokenizer splits numbers into single digits, as Llama-style ones do):
+      see `_greater_than_digit`.
+    """
+    if P.get("gt_form", "number") == "digit":
+        return _greater_than_digit(rng, split, P)
     t = rng.randrange(len(P["gt_templates"]))
     yy = rng.randint(3, 97)
     answer, distractor = rng.randint(yy + 1, 99), rng.randint(2, yy - 1)
@@ -177,6 +190,37 @@ def greater_than(rng, split, P):
     train = clean + f"{answer:02d}"  # any later year is right: the target is a random one
     return Sample(clean, corrupted, f"{answer:02d}", f"{distractor:02d}", train,
                   [(len(clean), len(train), 1.0)], template=t)
+
+
+def _greater_than_digit(rng, split, P):
+    """Greater-than for tokenizers that split numbers into digits: after "... from the
+    year 1732 to 17" the next token is the end year's tens digit.
+
+    Let d be the start year's tens digit (3 in 1732). A tens digit above d makes the end
+    year later whatever follows (1740..1799): that is right. One below d makes it earlier
+    (1700..1729): that is wrong. d itself is ambiguous (1730..1739 is later only if the
+    ones digit exceeds 2), so neither answer nor distractor is ever d: they straddle it,
+    answer in d+1..9 and distractor in 1..d-1, hence d in 2..8.
+
+    The distractor is never 0 because of the corruption: with the start year at YY01 every
+    tens digit from 1 up names a strictly later decade, so answer and distractor are
+    equally right there and the corrupted prompt carries no information that favours
+    either: corrupted LD is the model's start-year-free preference between the two digits
+    (SmolLM2-135M: -1.72 on 500 test rows, a lean towards the smaller, nearer decade, so
+    clean accuracy is not a bias for large digits). A distractor of 0 would
+    be the start year's own decade, ambiguous again (1700 is earlier, 1705 later), and
+    would give the corrupted prompt a preference of its own. The ones digit of the start
+    year is uniform 0..9 and plays no part in the answer.
+    """
+    t = rng.randrange(len(P["gt_templates"]))
+    d, ones = rng.randint(2, 8), rng.randint(0, 9)
+    answer, distractor = rng.randint(d + 1, 9), rng.randint(1, d - 1)
+    slots = dict(noun=rng.choice(P["gt_nouns"]), c=rng.choice(["15", "16", "17", "17", "18"]))
+    clean = P["gt_templates"][t].format(yy=f"{d}{ones}", **slots)
+    corrupted = P["gt_templates"][t].format(yy="01", **slots)
+    train = clean + f"{answer}{rng.randint(0, 9)}"  # the loss is on the tens digit only
+    return Sample(clean, corrupted, str(answer), str(distractor), train,
+                  [(len(clean), len(clean) + 1, 1.0)], template=t)
 
 
 GENERATORS = dict(ioi=ioi, induction=induction, agreement=agreement, docstring=docstring,

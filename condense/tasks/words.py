@@ -91,3 +91,25 @@ def single_tokens(tokenizer, words, prefix=" "):
     """The words of `words` that `tokenizer` encodes as exactly one token (after `prefix`)."""
     return [w for w in words
             if len(tokenizer.encode(prefix + w, add_special_tokens=False)) == 1]
+
+
+def gt_form(tokenizer):
+    """How `tokenizer` writes the two digits after a century ("17|32"): "number" when every
+    two-digit number 00..99 is one token (the organism's; also `tokenizer=None`), or
+    "digit" when it splits numbers into single-digit tokens (Llama-style tokenizers such as
+    SmolLM2's). Read off the tokenizer, not its name. Anything else gets "number", whose
+    rows the contract check then keeps only where they fit."""
+    if tokenizer is None:
+        return "number"
+
+    def enc(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    if all(len(enc(f"{i:02d}")) == 1 for i in range(100)):
+        return "number"
+    digit = [enc(str(i)) for i in range(10)]
+    if all(len(x) == 1 for x in digit) and all(
+            enc(f"{c}{i:02d}") == digit[c // 10] + digit[c % 10] + digit[i // 10] + digit[i % 10]
+            for c in (15, 16, 17, 18) for i in range(100)):
+        return "digit"
+    return "number"

@@ -1,0 +1,119 @@
+"""Model cards: `condense.card` for any model and the organism's wrapper around it."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from condense import card as C
+from condense import organism_card, tasks
+from condense.metrics import task_scores
+
+from .conftest import ORGANISM
+
+
+def _independent_drop(model, rows, means_rows, layer, head):
+    """Mean-ablation LD drop of one head, computed without condense.card: head means from
+    one unpadded forward per prompt, then one unpadded forward per prompt with the head's
+    slice of c_proj's input replaced by that mean."""
+    block = model.transformer.h[layer]
+    n_head = model.config.n_head
+    zs = []
+
+    def grab(mod, args):
+        zs.append(args[0][0].reshape(args[0].shape[1], n_head, -1)[:, head])
+    hk = block.attn.c_proj.register_forward_pre_hook(grab)
+    with torch.no_grad():
+        for ids in means_rows["clean_ids"]:
+            model(input_ids=torch.tensor([ids]))
+    hk.remove()
+    mean = torch.cat(zs).mean(0)
+
+    def ablate(mod, args):
+        z = args[0].clone()
+        d = z.shape[-1] // n_head
+        z[..., head * d:(head + 1) * d] = mean
+        return (z,)
+
+    def ld(r):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([r["clean_ids"]])).logits[0, -1]
+        return (logits[r["answer_id"]] - logits[r["distractor_id"]]).item()
+    clean = [ld(r) for r in rows]
+    hk = block.attn.c_proj.register_forward_pre_hook(ablate)
+    try:
+        ablated = [ld(r) for r in rows]
+    finally:
+        hk.remove()
+    return sum(clean) / len(clean) - sum(ablated) / len(ablated)
+
+
+def test_card_on_organism_matches_independent_numbers(tmp_path, organism, organism_tokenizer):
+    # a copy of the organism under another name: the card goes into the model folder
+    folder = tmp_path / "some-gpt2"
+    shutil.copytree(ORGANISM, folder)
+    for f in ("README.md", "card.json", "ioi_head_ablation.png"):
+        os.remove(folder / f)
+    C.main([str(folder), "--n", "40", "--ablation-rows", "16"])
+    for f in ("README.md", "card.json", "ioi_head_ablation.png"):
+        assert (folder / f).stat().st_size > 0
+    card = json.load(open(folder / "card.json"))
+    readme = open(folder / "README.md").read()
+    assert "organism" not in readme.replace(str(folder), "MODEL").lower()
+    assert f"python -m condense.card {folder} --n 40 --out {folder} --ablation-rows 16" in readme
+    assert card["rows"] == 40 and card["ablation_rows"] == 16
+    assert card["model"]["layers"] == 4 and card["greater_than_form"] == "number"
+
+    rows = tasks.load_task("induction", organism_tokenizer, "test", n=40)
+    s = task_scores(organism, rows)
+    assert card["tasks"]["induction"]["accuracy_clean"] == round(s["clean"]["accuracy"], 4)
+    assert card["tasks"]["induction"]["logit_diff_corrupted"] == pytest.approx(
+        s["corrupted"]["logit_diff"], abs=1e-3)
+
+    ioi = tasks.load_task("ioi", organism_tokenizer, "test", n=40)
+    drop = card["ioi_head_ablation"]["drop"]
+    assert len(drop) == 4 and len(drop[0]) == 4
+    top = max(((l, h) for l in range(4) for h in range(4)), key=lambda c: drop[c[0]][c[1]])
+    for layer, head in (top, (0, 1)):
+        want = _independent_drop(organism, ioi.select(range(16)), ioi, layer, head)
+        assert drop[layer][head] == pytest.approx(want, abs=2e-3), (layer, head)
+    assert drop[top[0]][top[1]] > 1.0  # some head matters for IOI
+
+
+def test_card_needs_out_for_a_named_model(capsys):
+    with pytest.raises(SystemExit):
+        C.main(["smollm2-135m", "--n", "5"])
+    assert "--out is required" in capsys.readouterr().err
+
+
+def test_organism_card_wrapper(tmp_path):
+    out = tmp_path / "report"
+    card = organism_card.write_card(ORGANISM, n=30, out=str(out))
+    shipped = json.load(open(os.path.join(ORGANISM, "card.json")))
+    assert set(card) == set(shipped) and set(card["tasks"]["ioi"]) == set(shipped["tasks"]["ioi"])
+    assert card["training"] == shipped["training"]  # from training.json
+    readme = open(out / "README.md").read()
+    assert readme.startswith("# condense organism")
+    assert "python -m condense.organism_card" in readme and "steps" in readme
+    assert (out / "ioi_head_ablation.png").stat().st_size > 0
+
+
+def test_resumed_ablation_is_exact_on_llama():
+    """Forwards resumed at the ablated layer equal full forwards (GQA, rotary, RMSNorm)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .tiny import randomize_weights
+    torch.manual_seed(0)
+    model = randomize_weights(LlamaForCausalLM(LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")), scale=2.0)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 50, (int(n),), generator=g).tolist() for n in (5, 7, 7, 9, 12)]
+    rows = dict(clean_ids=seqs, answer_id=[1, 2, 3, 4, 5], distractor_id=[6, 7, 8, 9, 10])
+    means = C.head_means(model, seqs)
+    base_r, fast = C.head_ablation_drops(model, rows, means, batch_size=3, resume=True)
+    base_f, slow = C.head_ablation_drops(model, rows, means, batch_size=3, resume=False)
+    assert torch.equal(base_r, base_f)
+    assert (fast - slow).abs().max() < 1e-5
+    assert (fast - base_r).abs().max() > 0.1  # the ablations do something
