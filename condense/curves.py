@@ -49,10 +49,13 @@ class Curve:
 
 
 class _TopN:
-    """Evaluates top-n circuits of one scored graph, each n once (tiny graphs repeat n)."""
+    """Evaluates top-n circuits of one scored graph, each n once (tiny graphs repeat n).
+    `progress(text)`, when given, hears about every evaluation (they take seconds each on a
+    real model)."""
 
-    def __init__(self, model, graph, dataset, absolute, intervention, batch_size, means, reference):
-        self.model, self.dataset, self.absolute = model, dataset, absolute
+    def __init__(self, model, graph, dataset, absolute, intervention, batch_size, means, reference,
+                 progress=None):
+        self.model, self.dataset, self.absolute, self.progress = model, dataset, absolute, progress
         self.kw = dict(intervention=intervention, batch_size=batch_size, means=means)
         self.graph = graph.copy()  # the caller's in_graph is left alone
         self.total = int(graph.valid.sum())
@@ -73,13 +76,17 @@ class _TopN:
                 raise ValueError("faithfulness is undefined: the full and the empty circuit have "
                                  "the same mean logit difference on this dataset")
             self.seen[n] = (f, g.count_edges())
+            if self.progress is not None:
+                self.progress(f"top-{n} by {'|score|' if self.absolute else 'score'}: "
+                              f"{self.seen[n][1]} edges, f = {f:.3f}")
         return self.seen[n]
 
 
 def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCENTS,
-                       intervention="patching", batch_size=32, means=None, reference=None):
+                       intervention="patching", batch_size=32, means=None, reference=None,
+                       progress=None):
     """Faithfulness of the pruned top-n circuits of `graph`'s scores at `percents` of all edges."""
-    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference)
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress)
     fractions = [p / 100 for p in percents]
     ns = [int(fr * top.total) for fr in fractions]
     results = [top(n) for n in ns]
@@ -87,13 +94,13 @@ def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCEN
 
 
 def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention="patching",
-            batch_size=32, means=None, reference=None):
+            batch_size=32, means=None, reference=None, progress=None):
     """MIB's CPR (signed ranking, area under f) and CMD (absolute ranking, area under |1 - f|),
     with both curves; the full/empty reference runs are shared."""
     if reference is None:
         reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
     kw = dict(percents=percents, intervention=intervention, batch_size=batch_size, means=means,
-              reference=reference)
+              reference=reference, progress=progress)
     signed = faithfulness_curve(model, graph, dataset, absolute=False, **kw)
     absolute = faithfulness_curve(model, graph, dataset, absolute=True, **kw)
     return dict(cpr=signed.area, cmd=absolute.area_from_one, signed=signed, absolute=absolute)
@@ -110,7 +117,7 @@ class FaithfulCircuit:
 
 
 def smallest_faithful(model, graph, dataset, threshold=0.9, absolute=True, intervention="patching",
-                      batch_size=32, means=None, reference=None):
+                      batch_size=32, means=None, reference=None, progress=None, resolution=0.0):
     """The smallest n whose pruned top-n circuit has faithfulness >= threshold, by search.
 
     Doubling n = 1, 2, 4, ... until a circuit passes, then bisection between the last
@@ -119,8 +126,11 @@ def smallest_faithful(model, graph, dataset, threshold=0.9, absolute=True, inter
     general (adding an edge can hurt), so the result is a boundary (f(n) >= threshold and
     f(n - 1) < threshold, or n = 0), not necessarily the global minimum: a smaller passing n
     may exist below an n that failed. Returns a FaithfulCircuit whose graph is a pruned copy
-    (the input graph's in_graph is unchanged); n is None when even the full graph fails."""
-    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference)
+    (the input graph's in_graph is unchanged); n is None when even the full graph fails.
+    `resolution` > 0 ends the bisection once the bracket is narrower than that fraction of its
+    upper end (the n returned passes; the boundary lies within that fraction below it): on a
+    graph of 100k edges, 0.01 saves about seven of the most expensive evaluations."""
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress)
 
     def passes(n):
         return top(n)[0] >= threshold
@@ -134,7 +144,7 @@ def smallest_faithful(model, graph, dataset, threshold=0.9, absolute=True, inter
         lo, hi = 0, 1  # f(0) = 0 < threshold
         while not passes(hi):  # afterwards f(lo) < threshold <= f(hi)
             lo, hi = hi, min(2 * hi, top.total)
-        while hi - lo > 1:
+        while hi - lo > max(1, int(resolution * hi)):
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if passes(mid) else (mid, hi)
     f, e = top(hi)

@@ -65,11 +65,13 @@ def search_circuit(model, graph, rows, cfg, means):
     kw = dict(intervention=cfg.intervention, batch_size=cfg.batch_size, means=means)
     reference = reference_outputs(model, graph, rows, **kw)  # shared by every circuit below
     start = time.perf_counter()
-    curves = cpr_cmd(model, graph, rows, reference=reference, **kw)
+    curves = cpr_cmd(model, graph, rows, reference=reference, progress=lambda t: log(f"curve: {t}"), **kw)
     curve_seconds = time.perf_counter() - start
     start = time.perf_counter()
     found = smallest_faithful(model, graph, rows, threshold=cfg.faithfulness_threshold,
-                              absolute=cfg.absolute_scores, reference=reference, **kw)
+                              absolute=cfg.absolute_scores, reference=reference,
+                              progress=lambda t: log(f"search: {t}"),
+                              resolution=cfg.search_resolution, **kw)
     return curves, found, curve_seconds, time.perf_counter() - start
 
 

@@ -74,6 +74,10 @@ class RunConfig:
     batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
     faithfulness_threshold: float = field(default=0.9, metadata={
         "help": "a circuit is faithful when f(C) >= this (DESIGN.md §4)"})
+    search_resolution: float = field(default=0.0, metadata={
+        "help": "end the smallest-faithful bisection once the bracket is narrower than this "
+                "fraction of the circuit size (0: to the exact boundary; 0.01 saves about seven "
+                "evaluations on a 100k-edge graph)"})
     absolute_scores: bool = field(default=True, metadata={
         "help": "search the smallest faithful circuit over edges ranked by |score| (false: "
                 "by signed score)"})
@@ -234,6 +238,8 @@ def check(cfg):
             raise RecipeError(f"recipe key {key!r}: must be >= 1, got {getattr(cfg, key)}")
     if cfg.threads is not None and cfg.threads < 1:
         raise RecipeError(f"recipe key 'threads': must be >= 1, got {cfg.threads}")
+    if not 0 <= cfg.search_resolution < 1:
+        raise RecipeError(f"recipe key 'search_resolution': must lie in [0, 1), got {cfg.search_resolution}")
     if not cfg.faithfulness_threshold > 0:
         raise RecipeError("recipe key 'faithfulness_threshold': must be > 0")
 

@@ -373,6 +373,11 @@ def test_smallest_faithful_finds_the_known_small_circuit():
     assert len(found.evaluated) < len(scan) / 2  # and it needed far fewer evaluations
     unreachable = curves.smallest_faithful(model, graph, rows, threshold=1.5, batch_size=8)
     assert unreachable.n is None
+    # a coarser bisection: still a passing n, within the resolution above the boundary
+    coarse = curves.smallest_faithful(model, graph, rows, threshold=0.9, batch_size=8, resolution=0.5)
+    assert scan[coarse.n] >= 0.9 and found.n <= coarse.n <= found.n + max(1, int(0.5 * coarse.n))
+    big = curves.smallest_faithful(model, graph, rows, threshold=0.9, batch_size=8, resolution=0.9)
+    assert len(big.evaluated) < len(found.evaluated)
 
 
 # ------------------------------------------------------------------ linearising at a circuit

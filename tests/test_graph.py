@@ -472,6 +472,11 @@ def test_prune_json_round_trip_and_image(tmp_path):
     h = Graph.from_json(path, CONFIGS["llama"]())
     assert torch.equal(h.in_graph, g.in_graph) and torch.equal(h.scores[g.valid], g.scores[g.valid])
     assert torch.equal(h.head_mask, g.head_mask)
+    g.to_json(tmp_path / "circuit.json.gz")  # gzipped, for large graphs
+    import gzip
+    assert json.loads(gzip.decompress((tmp_path / "circuit.json.gz").read_bytes())) == d
+    z = Graph.from_json(tmp_path / "circuit.json.gz", CONFIGS["llama"]())
+    assert torch.equal(z.in_graph, g.in_graph) and torch.equal(z.scores, h.scores)
     image = tmp_path / "circuit.png"
     g.to_image(image)
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

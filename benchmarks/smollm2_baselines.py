@@ -1,0 +1,159 @@
+"""Scoring baselines on SmolLM2-135M: every `recipes/<method>/smollm2_<task>.yaml`, run as
+condense runs, then one table of smallest faithful circuits, CPR/CMD and ranking times.
+
+    HF_HUB_OFFLINE=1 python benchmarks/smollm2_baselines.py [--out runs/smollm2_baselines]
+        [--jobs 2] [--only eap_ig] [--no-double] [--json PATH] [--keep-circuits]
+
+Each run is `python condense/train.py --recipe <recipe> output_dir=<out>/<method>_<task>` in its
+own process (`--jobs` at a time, one torch thread each); a run whose metrics.json exists is
+not rerun, so an interrupted benchmark resumes. The row check reruns EAP-IG on IOI with twice
+the train and val rows (`n_train=128 n_val=128`) and compares the smallest faithful sizes.
+`--keep-circuits` copies each EAP-IG run's circuit (gzipped MIB JSON), metrics.json and curve
+into `checkpoints/eap_ig_smollm2_<task>/`, where condensation runs compare against them.
+Ranking time is wall time of one process beside the other jobs: read it as a ratio to EAP's
+on the same task.
+"""
+import argparse
+import glob
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
+
+
+def recipes(only):
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "recipes", "*", "smollm2_*.yaml"))):
+        method = os.path.basename(os.path.dirname(path))
+        task = os.path.basename(path)[len("smollm2_"):-len(".yaml")]
+        if method == "condense" or (only and method not in only):
+            continue
+        found.append((method, task, path, []))
+    return found
+
+
+def run_one(job, out):
+    method, task, recipe, overrides = job
+    name = f"{method}_{task}" + ("_x2" if overrides else "")
+    folder = os.path.join(out, name)
+    if os.path.exists(os.path.join(folder, "metrics.json")):
+        return name, folder, "done before"
+    os.makedirs(out, exist_ok=True)
+    cmd = [sys.executable, os.path.join(ROOT, "condense", "train.py"), "--recipe", recipe,
+           f"output_dir={folder}", "threads=1", *overrides]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
+               OMP_NUM_THREADS="1")
+    start = time.time()
+    with open(os.path.join(out, name + ".log"), "w") as logf:
+        rc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    status = f"exit {rc} after {time.time() - start:.0f}s"
+    print(f"[baselines] {name}: {status}", flush=True)
+    return name, folder, status
+
+
+def summary(out, jobs):
+    rows = []
+    for method, task, recipe, overrides in jobs:
+        name = f"{method}_{task}" + ("_x2" if overrides else "")
+        path = os.path.join(out, name, "metrics.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            m = json.load(f)
+        rows.append(dict(run=name, method=method, task=task, recipe=os.path.relpath(recipe, ROOT),
+                         overrides=overrides, edges=m["edges"], total_edges=m["total_edges"],
+                         faithful_on_val=m["faithful_on_val"], faithfulness_val=m["faithfulness_val"],
+                         faithfulness_test=m["faithfulness"], accuracy=m["accuracy"],
+                         accuracy_full=m["accuracy_full"], kl=m["kl"], cpr=m["cpr"], cmd=m["cmd"],
+                         rank_seconds=m["rank_seconds"], n_train=m["n_train"], n_val=m["n_val"],
+                         n_test=m["n_test"],
+                         wall_seconds=m["rank_seconds"] + m["curve_seconds"] + m["search_seconds"]))
+    eap = {r["task"]: r["rank_seconds"] for r in rows if r["method"] == "eap" and not r["overrides"]}
+    for r in rows:
+        r["rank_time_vs_eap"] = r["rank_seconds"] / eap[r["task"]] if r["task"] in eap else None
+    return rows
+
+
+def markdown(rows):
+    order = {t: i for i, t in enumerate(TASK_ORDER)}
+    rows = sorted(rows, key=lambda r: (order.get(r["task"], 99), r["method"] != "eap_ig",
+                                       r["method"], bool(r["overrides"])))
+    lines = ["| task | method | rows (train/val) | smallest faithful (edges) | % of graph | f val | "
+             "f test | test accuracy (model) | CPR ↑ | CMD ↓ | rank s | rank / EAP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        size = f"{r['edges']:,}" if r["faithful_on_val"] else f"none (full: {r['edges']:,})"
+        ratio = "–" if r["rank_time_vs_eap"] is None else f"{r['rank_time_vs_eap']:.2f}"
+        lines.append(f"| {r['task']} | {r['method']} | {r['n_train']}/{r['n_val']} | {size} | "
+                     f"{100 * r['edges'] / r['total_edges']:.1f} | {r['faithfulness_val']:.3f} | "
+                     f"{r['faithfulness_test']:.3f} | {r['accuracy']:.3f} ({r['accuracy_full']:.3f}) | "
+                     f"{r['cpr']:.3f} | {r['cmd']:.3f} | {r['rank_seconds']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def keep_circuits(rows, out):
+    """EAP-IG circuits into checkpoints/eap_ig_smollm2_<task>/ (gzipped JSON, metrics, curve)."""
+    for r in rows:
+        if r["method"] != "eap_ig" or r["overrides"]:
+            continue
+        src = os.path.join(out, r["run"])
+        dst = os.path.join(ROOT, "checkpoints", f"eap_ig_smollm2_{r['task']}")
+        os.makedirs(dst, exist_ok=True)
+        with open(os.path.join(src, "circuit.json"), "rb") as f, \
+                gzip.open(os.path.join(dst, "circuit.json.gz"), "wb") as g:
+            shutil.copyfileobj(f, g)
+        for name in ("metrics.json", "curve.png", "recipe.yaml"):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
+    ap.add_argument("--no-double", action="store_true", help="skip the doubled-rows IOI check")
+    ap.add_argument("--keep-circuits", action="store_true",
+                    help="copy the EAP-IG circuits into checkpoints/eap_ig_smollm2_<task>/")
+    ap.add_argument("--json", help="also write the table's rows here")
+    args = ap.parse_args(argv)
+    only = [m for m in args.only.split(",") if m]
+    jobs = recipes(only)
+    if not args.no_double and (not only or "eap_ig" in only):
+        jobs.insert(1, ("eap_ig", "ioi", os.path.join(ROOT, "recipes", "eap_ig", "smollm2_ioi.yaml"),
+                        ["n_train=128", "n_val=128"]))
+    # the slowest first, so that two queues end together
+    weight = dict(eap_gp=3, eap_ig=2, eap_ig_activations=2)
+    jobs.sort(key=lambda j: (-weight.get(j[0], 1), -len(j[3])))
+    start = time.time()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda j: run_one(j, args.out), jobs))
+    rows = summary(args.out, jobs)
+    double = [r for r in rows if r["overrides"]]
+    single = [r for r in rows if r["run"] == "eap_ig_ioi"]
+    check = None
+    if double and single:
+        a, b = single[0]["edges"], double[0]["edges"]
+        check = dict(rows_64=a, rows_128=b, relative_change=(b - a) / a)
+    print(markdown(rows))
+    if check:
+        print(f"\nEAP-IG IOI, doubled rows: {check['rows_64']} -> {check['rows_128']} edges "
+              f"({100 * check['relative_change']:+.1f} %)")
+    if args.keep_circuits:
+        keep_circuits(rows, args.out)
+    if args.json:
+        from condense.artifacts import write_json
+        write_json(args.json, dict(command="python benchmarks/smollm2_baselines.py "
+                                   + " ".join(argv if argv is not None else sys.argv[1:]),
+                                   wall_seconds=time.time() - start, rows=rows, doubled_rows_check=check,
+                                   table=markdown(rows)))
+
+
+if __name__ == "__main__":
+    main()
