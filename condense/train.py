@@ -10,7 +10,7 @@ run writes its artifacts to `output_dir` (default `checkpoints/<method>_<recipe 
 starting with the fully resolved `recipe.yaml`. `--help` lists every recipe key.
 
 `method` picks a runner from RUNNERS. One-shot edge scorers (the attribution methods of
-condense.attribute, with `eap_ig` = `eap_ig_inputs`) run condense.run_scoring.
+condense.attribute, with `eap_ig` = `eap_ig_inputs`) run condense.methods.scoring.
 """
 import argparse
 import dataclasses
@@ -31,18 +31,18 @@ if __package__ in (None, ""):
 from condense.attribute import METRICS  # noqa: E402
 from condense.config import RecipeError, load_recipe, to_yaml  # noqa: E402
 from condense.patching import INTERVENTIONS  # noqa: E402
-from condense.run_scoring import ATTRIBUTION_METHOD  # noqa: E402
+from condense.methods.scoring import ATTRIBUTION_METHOD  # noqa: E402
 
 # method -> "module:function" of its runner, imported only when that method runs. A runner is
 # called as runner(cfg, accelerator, output_dir) and returns the metrics it wrote to
 # metrics.json. It runs on the main process only, unless it sets `runner.data_parallel = True`:
 # then it runs on every process (sharing work through condense.optimize) and writes on the
 # main one. New methods (edge_pruning, hap, s3martcirc) add a line.
-RUNNERS = {name: "condense.run_scoring:score_once" for name in ATTRIBUTION_METHOD}
-RUNNERS["condense"] = "condense.condense_trainer:run_condense"
-RUNNERS["s3martcirc"] = "condense.s3martcirc_run:run_s3martcirc"
-RUNNERS["edge_pruning"] = "condense.edge_pruning:run_edge_pruning"
-RUNNERS["hap"] = "condense.edge_pruning:run_hap"
+RUNNERS = {name: "condense.methods.scoring:score_once" for name in ATTRIBUTION_METHOD}
+RUNNERS["condense"] = "condense.methods.condensation:run_condense"
+RUNNERS["s3martcirc"] = "condense.methods.s3martcirc.run:run_s3martcirc"
+RUNNERS["edge_pruning"] = "condense.methods.edge_pruning:run_edge_pruning"
+RUNNERS["hap"] = "condense.methods.edge_pruning:run_hap"
 
 REPORT_TO = ("none", "wandb")
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from condense import card as C
-from condense import organism_card, tasks
+from condense import tasks
+from condense.organism import card as organism_card
 from condense.metrics import task_scores
 
 from .conftest import ORGANISM
@@ -95,7 +96,7 @@ def test_organism_card_wrapper(tmp_path):
     assert card["training"] == shipped["training"]  # from training.json
     readme = open(out / "README.md").read()
     assert readme.startswith("# condense organism")
-    assert "python -m condense.organism_card" in readme and "steps" in readme
+    assert "python -m condense.organism.card" in readme and "steps" in readme
     assert (out / "ioi_head_ablation.png").stat().st_size > 0
 
 

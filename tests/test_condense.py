@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from condense import condense_trainer
+from condense.methods import condensation as condense_trainer
 from condense.config import RecipeError
 
 ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
@@ -190,7 +190,7 @@ def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
 
 
 def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
-    import condense.run_scoring as rs
+    import condense.methods.scoring as rs
 
     def boom(*a, **k):
         raise AssertionError("model loaded")
@@ -208,7 +208,7 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
                           ("min_prune_fraction=0.5", "min_prune_fraction")):
         with pytest.raises(RecipeError, match=key):
             _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")
-    import condense.s3martcirc_run as s3
+    import condense.methods.s3martcirc.run as s3
     monkeypatch.setattr(rs, "load_model_and_rows", boom)
     for override, key in (("s3_epochs=0", "s3_epochs"), ("s3_baselines=[nope]", "s3_baselines")):
         with pytest.raises(RecipeError, match=key):

@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from condense.config import RecipeError, from_dict, load_recipe, parse_overrides
-from condense.organism import OrganismConfig, phases_of
+from condense.organism.train import OrganismConfig, phases_of
 
 
 @dataclass

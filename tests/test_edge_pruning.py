@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from condense import edge_pruning as ep
-from condense import run_scoring, tasks, train
+from condense.methods import edge_pruning as ep
+from condense import tasks, train
+from condense.methods import scoring as run_scoring
 from condense.attribute import attribute
 from condense.config import RecipeError
 from condense.graph import Graph

@@ -1,4 +1,4 @@
-"""Node explanations (condense.weightlens, condense.circuitlens, condense.explain).
+"""Node explanations (condense.explain.weightlens, condense.explain.circuitlens, condense.explain).
 
 A hand-built one-layer GPT-2 whose right answers are known by construction:
 - head a0.h0 attends uniformly and its OV circuit maps token A's embedding onto token B's
@@ -21,16 +21,16 @@ import torch
 import yaml
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from condense.circuitlens import (
+from condense.explain.circuitlens import (
     CircuitLens,
     CircuitLensConfig,
     average_linkage,
     jaccard_distances,
     sample_contexts,
 )
-from condense.explain import main, name_fractions, neuron_attribution
+from condense.explain.run import main, name_fractions, neuron_attribution
 from condense.graph import Graph
-from condense.weightlens import LensConfig, WeightLens
+from condense.explain.weightlens import LensConfig, WeightLens
 
 from .conftest import ORGANISM
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from condense import tasks
 from condense.metrics import task_scores
-from condense.organism_card import ACCURACY_BAR
+from condense.organism.card import ACCURACY_BAR
 
 from .conftest import ORGANISM
 
@@ -33,7 +33,7 @@ def test_organism_loads_with_plain_transformers():
 
 
 def test_training_script_smoke(tmp_path):
-    from condense.organism import main
+    from condense.organism.train import main
     out = tmp_path / "org"
     main(["--recipe", "recipes/organism.yaml", "--no-card", "eval_every=3", "eval_rows=8",
           "n_layer=1", "n_embd=32", "n_head=2", f"output_dir={out}",

@@ -1,5 +1,5 @@
-"""S3martCirc (condense.s3martcirc), the node baselines (condense.node_baselines) and
-known-circuit recovery (condense.recovery): FI on hand-made activations and against plain HF
+"""S3martCirc (condense.methods.s3martcirc.method), the node baselines (condense.methods.s3martcirc.node_baselines) and
+known-circuit recovery (condense.methods.s3martcirc.recovery): FI on hand-made activations and against plain HF
 hooks, coefficients and roles, the training schedule, exact per-node patching against
 evaluate(), attribution patching (and its IG variant) against a hand-written hook gradient,
 recovery on a hand-made reference, and a short recipe run whose circuit.json carries roles."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from condense import recovery as rec
+from condense.methods.s3martcirc import recovery as rec
 from condense import train
 from condense.evaluate import evaluate
 from condense.graph import Graph
 from condense.metrics import pad_batch
-from condense.node_baselines import (
+from condense.methods.s3martcirc.node_baselines import (
     NodeScores,
     attribution_patching,
     attribution_patching_ig,
@@ -25,7 +25,7 @@ from condense.node_baselines import (
     node_circuit_graph,
     node_names,
 )
-from condense.s3martcirc import (
+from condense.methods.s3martcirc.method import (
     ROLES,
     S3Settings,
     coefficients,

@@ -13,7 +13,8 @@ import torch
 import yaml
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from condense import run_scoring, train
+from condense import train
+from condense.methods import scoring as run_scoring
 from condense.config import RecipeError
 from condense.graph import Graph
 

@@ -1,4 +1,4 @@
-"""Verifiers for small circuits (condense.verify, condense.subsets): the batched subset
+"""Verifiers for small circuits (condense.verify, condense.verify.subsets): the batched subset
 evaluation equals evaluate() subset by subset (several families, LoRA, every intervention);
 on a hand-built model with two redundant paths the verifier finds the circuit reducible with
 the right minimal subsets and pairwise deltas; oversize circuits are refused before any model
@@ -15,8 +15,8 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Gem
 from condense.evaluate import evaluate, reference_outputs
 from condense.graph import Graph
 from condense.patching import compute_means
-from condense.subsets import SubsetEvaluator, subset_masks
-from condense.verify import CircuitTooLarge, analyse, main, verify_circuit, verify_run
+from condense.verify.subsets import SubsetEvaluator, subset_masks
+from condense.verify.run import CircuitTooLarge, analyse, main, verify_circuit, verify_run
 
 from .tiny import randomize_weights
 

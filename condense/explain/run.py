@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from condense.circuitlens import CircuitLens, CircuitLensConfig
-from condense.weightlens import LensConfig, WeightLens, parse_node
+from condense.explain.circuitlens import CircuitLens, CircuitLensConfig
+from condense.explain.weightlens import LensConfig, WeightLens, parse_node
 
 DEFAULT_NEUTRAL = "The next word is"
 
@@ -298,7 +298,7 @@ def markdown(report):
 def load_run(run_dir, model=None, device=None, dtype=None):
     """(recipe, model with the run's adapter if any, tokenizer, graph, model path, adapter?)."""
     from condense.graph import Graph
-    from condense.verify import _read_recipe, load_run_model
+    from condense.verify.run import _read_recipe, load_run_model
     circuit = os.path.join(run_dir, "circuit.json")
     if not os.path.exists(circuit):
         raise FileNotFoundError(f"{run_dir}: no circuit.json to explain")

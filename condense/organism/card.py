@@ -1,7 +1,7 @@
 """The organism's model card: measured behaviour on the test splits, held-out perplexity,
 and where IOI lives (logit-difference drop when each head is mean-ablated).
 
-    python -m condense.organism_card checkpoints/organism [--n 500] [--out DIR]
+    python -m condense.organism.card checkpoints/organism [--n 500] [--out DIR]
 
 Prints the report and writes `README.md`, `card.json` and `ioi_head_ablation.png` into
 `--out` (default: the checkpoint folder itself, which is how the shipped card was made). Runs plain `transformers` inference only, no condense graph.
@@ -14,10 +14,10 @@ import json
 import os
 import time
 
-from .card import (ACCURACY_BAR, head_means, head_means_ablated,  # noqa: F401
+from ..card import (ACCURACY_BAR, head_means, head_means_ablated,  # noqa: F401
                    ioi_head_ablation)
-from .card import measure as _measure
-from .models import load_model, load_tokenizer
+from ..card import measure as _measure
+from ..models import load_model, load_tokenizer
 
 
 def measure(path, out_dir, n=500, seed=0):
@@ -30,7 +30,7 @@ def render(card, info):
          "A small GPT-2 trained from scratch by `python -m condense.organism --recipe "
          "recipes/organism.yaml` so that condense can be developed and tested without "
          "downloading weights. Every number below was measured by "
-         f"`python -m condense.organism_card {info.get('path', 'checkpoints/organism')}` on "
+         f"`python -m condense.organism.card {info.get('path', 'checkpoints/organism')}` on "
          f"{card['rows']} test prompts per task (plain `transformers` inference, metric at the "
          "last position).\n",
          f"- parameters: {card['parameters']:,}",

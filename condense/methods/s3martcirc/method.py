@@ -41,10 +41,10 @@ forward pass, which is what keeps the k classification steps per round cheap.
 Evaluation (test split), as in the paper: ablate only the circuit nodes (everything else
 kept) -> accuracy drop (percentage points) and logit-difference drop; circuit size = the
 candidates left after removing nodes not on an input -> logits path; also the circuit alone
-(faithfulness). Optional node baselines (condense.node_baselines, `s3_baselines`) are run on
+(faithfulness). Optional node baselines (condense.methods.s3martcirc.node_baselines, `s3_baselines`) are run on
 the same train rows and evaluated at the same circuit size and at the `s3_budgets`; for a
 GPT-2-small-shaped model the ranking by c_p + c_f (and each baseline's) is scored against the
-published circuit (condense.recovery).
+published circuit (condense.methods.s3martcirc.recovery).
 
 Artifacts (output_dir): circuit.json (MIB format; the node circuit as node masks and the edges
 between kept nodes; head and MLP node entries carry `role`, neurons are under `neurons`),
@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from condense.evaluate import dataset_columns, row_batches
 from condense.model_parts import model_parts
-from condense.node_baselines import (
+from condense.methods.s3martcirc.node_baselines import (
     NodeScores,
     NodeSet,
     TrainData,

@@ -1,5 +1,5 @@
 """The S3martCirc run of condense/train.py (`method: s3martcirc`): recipe checks, training
-(condense.s3martcirc, where the method is described), evaluation against the node baselines,
+(condense.methods.s3martcirc.method, where the method is described), evaluation against the node baselines,
 and the artifacts (circuit.json with roles, circuit.png, roles.json, training.png,
 metrics.json). Only the main process writes.
 """
@@ -9,7 +9,7 @@ import torch
 
 from condense.artifacts import atomic_write, write_json
 from condense.graph import Graph
-from condense.node_baselines import (
+from condense.methods.s3martcirc.node_baselines import (
     BASELINES,
     ablation_metrics,
     circuit_metrics,
@@ -19,7 +19,7 @@ from condense.node_baselines import (
     reference_for,
     score_nodes,
 )
-from condense.s3martcirc import (
+from condense.methods.s3martcirc.method import (
     ROLES,
     S3Result,
     S3Settings,
@@ -112,7 +112,7 @@ def compare_baselines(model, graph, rows, scored, size, baselines, budgets, *, t
     (ablation metrics), plus recovery of `recovery_reference` when given. `scored`: rankings
     already made ({name: NodeScores}, e.g. S3martCirc's), evaluated at the budgets only.
     Returns {method: {...}}."""
-    from condense.recovery import recovery
+    from condense.methods.s3martcirc.recovery import recovery
     shape = graph.shape
     kw = dict(intervention=intervention, batch_size=batch_size, means=means)
     out = {}
@@ -180,8 +180,8 @@ def check_config(cfg):
 
 def run_s3martcirc(cfg, accelerator, output_dir):
     """The whole S3martCirc run (see the module docstring); returns metrics.json's contents."""
-    from condense.recovery import PAPER_BUDGETS, default_reference
-    from condense.run_scoring import ablation_means, load_model_and_rows
+    from condense.methods.s3martcirc.recovery import PAPER_BUDGETS, default_reference
+    from condense.methods.scoring import ablation_means, load_model_and_rows
 
     check_config(cfg)
     main = accelerator.is_main_process

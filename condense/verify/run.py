@@ -17,7 +17,7 @@ when the folder has one, and on `--n` rows of `--split`:
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
 `verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
 indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
-Subsets are evaluated many per pass by condense.subsets.SubsetEvaluator.
+Subsets are evaluated many per pass by condense.verify.subsets.SubsetEvaluator.
 """
 import argparse
 import io
@@ -154,7 +154,7 @@ def verify_circuit(model, graph, dataset, *, intervention="patching", means=None
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n])."""
     from condense.evaluate import reference_outputs
-    from condense.subsets import SubsetEvaluator
+    from condense.verify.subsets import SubsetEvaluator
 
     check_size(graph.n_edges, max_edges)
     evaluator = SubsetEvaluator(model, graph, dataset, intervention, means=means,
@@ -299,7 +299,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     from condense.artifacts import atomic_write, write_json
     from condense.graph import Graph
     from condense.patching import compute_means
-    from condense.subsets import Progress
+    from condense.verify.subsets import Progress
 
     begin = time.perf_counter()
     circuit_path = os.path.join(run_dir, "circuit.json")
@@ -365,7 +365,7 @@ def main(argv=None):
     ap.add_argument("--intervention", default=None, choices=("patching", "mean", "zero"),
                     help="ablation (recipe's intervention, else patching)")
     ap.add_argument("--method", default="auto", choices=("auto", "sparse", "dense"),
-                    help="subset evaluation (condense.subsets); auto = sparse where it applies")
+                    help="subset evaluation (condense.verify.subsets); auto = sparse where it applies")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")

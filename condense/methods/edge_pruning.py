@@ -428,7 +428,7 @@ def plot_training(history, path, title):
 def _run(cfg, accelerator, output_dir, hap):
     from safetensors.torch import save
 
-    from condense.run_scoring import ablation_means, load_model_and_rows
+    from condense.methods.scoring import ablation_means, load_model_and_rows
     check_config(cfg, hap)
     start = time.perf_counter()
     method = "hap" if hap else "edge_pruning"

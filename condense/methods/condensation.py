@@ -64,7 +64,7 @@ from condense.metrics import pad_batch, perplexity
 from condense.model_parts import model_shape
 from condense.optimize import Diverged, all_reduce_, fit, shard, world
 from condense.patching import run_graph
-from condense.run_scoring import load_model_and_rows
+from condense.methods.scoring import load_model_and_rows
 
 # residual-stream writers per model family (attention output and MLP down projections)
 LORA_TARGETS = {"gpt2": ["c_proj"]}

@@ -14,7 +14,8 @@ at least one of its neurons `m{l}.n{i}` (or `m{l}` itself) is. Reported overall 
 import json
 import os
 
-KNOWN_CIRCUITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "known_circuits.json")
+KNOWN_CIRCUITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data",
+                              "known_circuits.json")
 PAPER_BUDGETS = (50, 100, 150, 200)  # the S3martCirc paper's node budgets for GPT-2 small
 
 # task -> reference circuit of GPT-2 small

@@ -40,7 +40,7 @@ from torch import nn
 from condense.metrics import pad_batch
 from condense.model_parts import model_parts
 from condense.patching import SenderValues, block_slices, decomposed_forward
-from condense.weightlens import parse_node
+from condense.explain.weightlens import parse_node
 
 
 @dataclass

@@ -5,7 +5,7 @@
 One script, nanoGPT style: build a byte-level BPE tokenizer in which every task word is
 one token, then train from scratch on the task train splits plus general text, one example
 per row (packing examples together stopped in-context copying from forming), and write a
-Hugging Face checkpoint with its model card (`condense.organism_card`).
+Hugging Face checkpoint with its model card (`condense.organism.card`).
 """
 import argparse
 import dataclasses
@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from . import tasks
-from .config import RecipeError, from_dict, load_recipe, to_yaml
-from .metrics import pad_batch, task_scores
-from .tasks import words as W
+from .. import tasks
+from ..config import RecipeError, from_dict, load_recipe, to_yaml
+from ..metrics import pad_batch, task_scores
+from ..tasks import words as W
 
 # GPT-2's split rule with two changes: a capital followed by a capital stands alone (an
 # acronym "(CPU" is one letter a token) and digits come in pairs ("1732" -> "17" "32").
@@ -224,7 +224,7 @@ def main(argv=None):
         f.write(to_yaml(cfg))
     print(f"saved {cfg.output_dir} after {info['train_seconds']:.0f}s", flush=True)
     if not args.no_card:
-        from .organism_card import write_card
+        from .card import write_card
         write_card(cfg.output_dir, n=cfg.card_rows, seed=cfg.seed)
 
 

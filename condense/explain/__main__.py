@@ -1,0 +1,5 @@
+import sys
+
+from condense.explain.run import main
+
+sys.exit(main())

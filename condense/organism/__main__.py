@@ -1,0 +1,3 @@
+from condense.organism.train import main
+
+main()

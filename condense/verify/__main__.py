@@ -1,0 +1,5 @@
+import sys
+
+from condense.verify.run import main
+
+sys.exit(main())
