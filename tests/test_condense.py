@@ -37,12 +37,12 @@ def _recipe(tmp_path, model, **over):
 
 
 def load_config_for(tmp_path, *overrides):
-    from condense.train import load_config
+    from condense.runs import load_config
     return load_config(_recipe(tmp_path, "nowhere"), list(overrides))
 
 
 def _run(recipe, *overrides):
-    from condense.train import load_config, run
+    from condense.runs import load_config, run
     return run(load_config(recipe, list(overrides)))
 
 
@@ -190,17 +190,16 @@ def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
 
 
 def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
-    import condense.methods.scoring as rs
+    import condense.runs as runs
 
     def boom(*a, **k):
         raise AssertionError("model loaded")
-    monkeypatch.setattr(rs, "load_model_and_rows", boom)
-    monkeypatch.setattr(condense_trainer, "load_model_and_rows", boom)
+    monkeypatch.setattr(runs, "load_model", boom)
     with pytest.raises(RecipeError, match="heal_stepz"):
         _run(_recipe(tmp_path, "nowhere", heal_stepz=3))
     with pytest.raises(RecipeError, match="heal_steps"):
         _run(_recipe(tmp_path, "nowhere"), "heal_steps=abc")
-    # out-of-range values fail in the runner's check, still before any model loads
+    # out-of-range values fail in the method's check, still before any model loads
     for override, key in (("init_circuit=nope.json", "init_circuit"),
                           ("heal_stop_loss=-1", "heal_stop_loss"),
                           ("heal_general_batch=0", "heal_general_batch"),
@@ -208,21 +207,22 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
                           ("min_prune_fraction=0.5", "min_prune_fraction")):
         with pytest.raises(RecipeError, match=key):
             _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")
-    import condense.methods.s3martcirc.run as s3
-    monkeypatch.setattr(rs, "load_model_and_rows", boom)
     for override, key in (("s3_epochs=0", "s3_epochs"), ("s3_baselines=[nope]", "s3_baselines")):
         with pytest.raises(RecipeError, match=key):
-            s3.run_s3martcirc(load_config_for(tmp_path, "method=s3martcirc", override), None, None)
+            load_config_for(tmp_path, "method=s3martcirc", override)
+    # a key of another method is named as such
+    with pytest.raises(RecipeError, match="belongs to method"):
+        _run(_recipe(tmp_path, "nowhere"), "ep_steps=3")
 
 
 def test_recipes_parse():
-    from condense.train import load_config
+    from condense.runs import load_config
     folder = os.path.join(os.path.dirname(__file__), "..", "recipes", "condense")
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         with open(path) as f:
             first = f.readline()
-        assert first.startswith("# accelerate launch condense/train.py --recipe recipes/condense/" + name)
+        assert first.startswith("# condense run --recipe recipes/condense/" + name)
         assert load_config(path).method == "condense"
 
 

@@ -42,7 +42,7 @@ def test_organism_recipe_parses(tmp_path):
     cfg = load_recipe("recipes/organism.yaml", OrganismConfig, ["n_layer=7"])
     assert cfg.n_layer == 7 and len(phases_of(cfg)) >= 1
     first = open("recipes/organism.yaml").readline()
-    assert first.startswith("# python -m condense.organism --recipe recipes/organism.yaml")
+    assert first.startswith("# condense organism --recipe recipes/organism.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("n_layers: 3\n")
     with pytest.raises(RecipeError, match="n_layer"):

@@ -11,8 +11,9 @@ import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from condense.methods import edge_pruning as ep
+from condense.methods.edge_pruning import HAPConfig
 from condense import tasks, train
-from condense.methods import scoring as run_scoring
+from condense import runs
 from condense.attribute import attribute
 from condense.config import RecipeError
 from condense.graph import Graph
@@ -54,7 +55,7 @@ def tiny(tiny_dir):
 def cfg_for(**keys):
     base = dict(ep_batch_size=8, batch_size=8, ep_lr=0.1, ep_lambda_lr=0.1, threads=1)
     base.update(keys)
-    return train.RunConfig(**base)
+    return HAPConfig(**base)
 
 
 # ------------------------------------------------------------------ hard-concrete math
@@ -203,7 +204,8 @@ def run_recipe(tmp_path, model_dir, **keys):
 
 @pytest.mark.parametrize("method", ["edge_pruning", "hap"])
 def test_run_writes_artifacts_that_read_back(tiny_dir, tmp_path, method):
-    metrics, out = run_recipe(tmp_path, tiny_dir, method=method, hap_candidates=30)
+    metrics, out = run_recipe(tmp_path, tiny_dir, method=method,
+                              **(dict(hap_candidates=30) if method == "hap" else {}))
     for name in ("circuit.json", "circuit.png", "training.png", "training.jsonl", "metrics.json",
                  "recipe.yaml", "state/masks.safetensors"):
         assert (out / name).stat().st_size > 0, name
@@ -240,7 +242,7 @@ def test_run_writes_artifacts_that_read_back(tiny_dir, tmp_path, method):
 
 
 def test_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_scoring, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(runs, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     for method, key, value in (("edge_pruning", "ep_target_sparsity", 1.5),
                                ("edge_pruning", "ep_steps", 0),
                                ("hap", "hap_candidate_fraction", 0.0),

@@ -13,8 +13,8 @@ import torch
 import yaml
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from condense import train
-from condense.methods import scoring as run_scoring
+from condense import runs, train
+from condense.methods import methods
 from condense.config import RecipeError
 from condense.graph import Graph
 
@@ -79,15 +79,15 @@ def test_recipe_run_writes_artifacts(tiny_model_dir, tmp_path):
     # parses back into the same config
     with open(out / "recipe.yaml") as f:
         first = f.readline()
-    assert first.strip() == f"# accelerate launch condense/train.py --recipe {out}/recipe.yaml"
-    again = train.load_config(str(out / "recipe.yaml"))
+    assert first.strip() == f"# condense run --recipe {out}/recipe.yaml"
+    again = runs.load_config(str(out / "recipe.yaml"))
     assert again.method == "eap_ig" and again.ig_steps == 2 and again.output_dir == str(out)
 
 
 def test_unknown_key_fails_before_any_model_loads(tmp_path, monkeypatch):
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr(run_scoring, "load_model", no_loading)
+    monkeypatch.setattr(runs, "load_model", no_loading)
     recipe = small_recipe(tmp_path, "no/such/model", method="eap", learning_rat=0.1)
     with pytest.raises(RecipeError) as e:
         train.main(["--recipe", recipe])
@@ -99,7 +99,7 @@ def test_unknown_key_fails_before_any_model_loads(tmp_path, monkeypatch):
 
 
 def test_unknown_method_names_the_valid_ones(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_scoring, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(runs, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     recipe = small_recipe(tmp_path, "no/such/model", method="eap_ig")
     with pytest.raises(RecipeError) as e:
         train.main(["--recipe", recipe, "method=acdc"])
@@ -113,10 +113,13 @@ def test_unknown_method_names_the_valid_ones(tmp_path, monkeypatch):
 
 def test_overrides_and_default_output_dir(tmp_path):
     recipe = small_recipe(tmp_path, "some/model", method="eap")
-    cfg = train.load_config(recipe, ["n_val=3", "faithfulness_threshold=0.8", "report_to=wandb"])
+    cfg = runs.load_config(recipe, ["n_val=3", "faithfulness_threshold=0.8", "report_to=wandb"])
     assert (cfg.n_val, cfg.faithfulness_threshold, cfg.report_to) == (3, 0.8, "wandb")
-    assert cfg.output_dir == os.path.join("checkpoints", "eap_recipe_under_test")
-    assert train.load_config(recipe, ["method=random"]).output_dir.endswith("random_recipe_under_test")
+    # the folder follows method, model and task, so a task override does not share a folder
+    assert cfg.output_dir == os.path.join("checkpoints", "eap_model_ioi")
+    assert runs.load_config(recipe, ["method=random", "task=induction"]).output_dir.endswith(
+        "random_model_induction")
+    assert runs.load_config(recipe, ["model=smollm2-135m"]).output_dir.endswith("eap_smollm2_ioi")
 
 
 def test_shipped_recipes_parse_and_name_their_command():
@@ -125,9 +128,9 @@ def test_shipped_recipes_parse_and_name_their_command():
     for path in paths:
         rel = os.path.relpath(path, ROOT)
         with open(path) as f:
-            assert f.readline().strip() == f"# accelerate launch condense/train.py --recipe {rel}"
-        cfg = train.load_config(path)
-        assert cfg.method in train.RUNNERS and cfg.output_dir
+            assert f.readline().strip() == f"# condense run --recipe {rel}"
+        cfg = runs.load_config(path)
+        assert cfg.method in methods() and cfg.output_dir
 
 
 def test_runs_by_path_under_accelerate_launch(tiny_model_dir, tmp_path):

@@ -296,15 +296,11 @@ def markdown(report):
 # ---------------------------------------------------------------- a run folder
 
 def load_run(run_dir, model=None, device=None, dtype=None):
-    """(recipe, model with the run's adapter if any, tokenizer, graph, model path, adapter?)."""
-    from condense.graph import Graph
-    from condense.verify.run import _read_recipe, load_run_model
-    circuit = os.path.join(run_dir, "circuit.json")
-    if not os.path.exists(circuit):
-        raise FileNotFoundError(f"{run_dir}: no circuit.json to explain")
-    recipe = _read_recipe(run_dir)
-    net, tokenizer, model_path, adapter, _ = load_run_model(run_dir, recipe, model, device, dtype)
-    return recipe, net, tokenizer, Graph.from_json(circuit, net), model_path, adapter
+    """(run config, model with the run's adapter, tokenizer, circuit, model name, adapter?)."""
+    from condense.runs import read_run
+    run = read_run(run_dir, "explain")
+    net, tokenizer, _ = run.load_model(model, device, dtype)
+    return run.config, net, tokenizer, run.circuit(net), model or run.config.model, run.adapter
 
 
 def _describer(spec):
@@ -325,8 +321,8 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     from condense.artifacts import atomic_write, write_json
     begin = time.perf_counter()
     recipe, net, tok, graph, model_path, adapter = load_run(run_dir, model, device, dtype)
-    task = task or recipe.get("task")
-    intervention = recipe.get("intervention") or "patching"
+    task = task or recipe.task
+    intervention = recipe.intervention
     if intervention == "mean":
         intervention = "patching"  # neuron attribution below; mean ablation would need means
 

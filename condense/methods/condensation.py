@@ -1,4 +1,4 @@
-"""Condensation (DESIGN.md §5) as a run of condense/train.py: rank -> prune -> heal -> gate.
+"""Condensation, method `condense`: rank -> prune -> heal -> gate.
 
 Each round:
 1. rank: EAP-IG (inputs, `ig_steps`) with the current adapter on the train rows, linearised at
@@ -12,7 +12,7 @@ Each round:
    the same model+adapter in the same step (the gradient flows through that run too;
    `heal_ablated_grad=false` detaches it), plus
    `heal_general_weight` x KL(original || model+adapter) on general text (train split, full
-   graph). DESIGN.md §5's loss is the task term alone (heal_general_weight=0); measured on the
+   graph). The design's loss is the task term alone (heal_general_weight=0); measured on the
    organism, the task term alone moves general text until the perplexity gate rejects every
    later round (README, condensation), so the default keeps general text distilled too;
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
@@ -50,6 +50,8 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -62,9 +64,80 @@ from condense.evaluate import EvalReference, dataset_columns, evaluate, referenc
 from condense.graph import Graph
 from condense.metrics import pad_batch, perplexity
 from condense.model_parts import model_shape
+from condense.config import RecipeError, RunConfig, at_least
+from condense.methods import register
 from condense.optimize import Diverged, all_reduce_, fit, shard, world
 from condense.patching import run_graph
-from condense.methods.scoring import load_model_and_rows
+from condense.runs import RunContext, log
+
+@dataclass
+class CondenseConfig(RunConfig):
+    """Condensation's keys (the module docstring describes the loop)."""
+    heal: bool = field(default=True, metadata={
+        "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
+    prune: bool = field(default=True, metadata={
+        "help": "prune each round (false: heal the full graph once, then rank and "
+                "report the smallest faithful circuit)"})
+    prune_fraction: float = field(default=0.3, metadata={
+        "help": "first cut, the fraction of surviving edges removed per round"})
+    min_prune_fraction: float = field(default=0.05, metadata={
+        "help": "cut floor; a rejected cut halves, a rejected cut at the floor stops"})
+    max_rounds: int = field(default=100, metadata={"help": "most rounds to run"})
+    heal_steps: int = field(default=500, metadata={"help": "AdamW steps per heal"})
+    heal_lr: float = field(default=1e-4, metadata={"help": "heal learning rate"})
+    heal_batch_size: int = field(default=16, metadata={"help": "rows per heal step"})
+    heal_general_weight: float = field(default=1.0, metadata={
+        "help": "weight of KL(original || model+adapter) on general text (train "
+                "split, full graph) added to the heal loss; 0 = the task-only loss of the design (docs/design.md)"})
+    heal_general_batch: int = field(default=4, metadata={
+        "help": "general-text blocks per heal step for that term"})
+    heal_stop_loss: float = field(default=0.0, metadata={
+        "help": "end a heal early once its mean loss over 10 steps is below this "
+                "(0: always run heal_steps)"})
+    heal_ablated_grad: bool = field(default=True, metadata={
+        "help": "backpropagate the heal loss through the corrupted run too (the "
+                "adapter also changes what pruned edges carry); false: that run is detached"})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_targets: Optional[list] = field(default=None, metadata={
+        "help": "LoRA target module names (null: the residual-stream writers of the "
+                "family: c_proj for GPT-2, o_proj and down_proj otherwise)"})
+    gate_accuracy_tol: float = field(default=0.05, metadata={
+        "help": "accept a round when val circuit accuracy >= original - this"})
+    gate_ppl_ratio: float = field(default=1.05, metadata={
+        "help": "accept a round when general-text ppl (adapter) / ppl (original) <= this"})
+    gate_faithfulness: float = field(default=0.0, metadata={
+        "help": "also require val faithfulness f(C) >= this (a faithful circuit: 0.9); "
+                "0 = the design's gate (accuracy and perplexity only)"})
+    n_general: int = field(default=64, metadata={
+        "help": "blocks of held-out general text (val split) for the perplexity gate"})
+    rank_at_circuit: bool = field(default=True, metadata={
+        "help": "rank by linearising at the current circuit (pruned edges ablated); "
+                "false: at the full model, as one-shot EAP-IG does"})
+    init_circuit: Optional[str] = field(default=None, metadata={
+        "help": "start from this circuit.json (e.g. an edge_pruning or hap run's) "
+                "instead of the full graph (null: the full graph)"})
+
+    def check(self):
+        """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
+        super().check()
+        for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
+            at_least(self, key, 1)
+        for key in ("heal_general_weight", "heal_stop_loss", "n_general"):
+            at_least(self, key, 0)
+        at_least(self, "heal_lr", 0, strict=True)
+
+        def bad(key, why):
+            raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
+        if not 0 <= self.gate_faithfulness <= 1:
+            bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
+        if not 0 < self.prune_fraction <= 1:
+            bad("prune_fraction", "must lie in (0, 1]")
+        if not 0 < self.min_prune_fraction <= self.prune_fraction:
+            bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
+        if self.init_circuit and not os.path.exists(self.init_circuit):
+            bad("init_circuit", "no such circuit.json")
+
 
 # residual-stream writers per model family (attention output and MLP down projections)
 LORA_TARGETS = {"gpt2": ["c_proj"]}
@@ -73,11 +146,6 @@ STATE_FILE = "state.json"
 
 
 HealDiverged = Diverged  # the heal loss or the adapter became NaN/inf: the round is rejected
-
-
-def log(msg):
-    if world()[0] == 0:
-        print(f"[condense] {msg}", flush=True)
 
 
 def is_main():
@@ -388,177 +456,165 @@ def _wandb_log(accelerator, cfg, record):
 
 
 # ------------------------------------------------------------------ the runner
-def check_config(cfg):
-    """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
-    from condense.config import RecipeError
+class _Loop:
+    """One condensation run, in phases: start (or resume), rounds, final metrics and files."""
 
-    def bad(key, why):
-        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(cfg, key)!r}")
+    def __init__(self, ctx: RunContext):
+        cfg = self.cfg = ctx.cfg
+        self.ctx, self.out, self.rows = ctx, ctx.out, ctx.rows
+        self.start_time = time.perf_counter()
+        model = ctx.model
+        self.blocks = list(tasks.general_text(ctx.tokenizer, "val")["input_ids"])[:cfg.n_general]
+        self.train_blocks = (list(tasks.general_text(ctx.tokenizer, "train")["input_ids"])
+                             if cfg.heal and cfg.heal_general_weight > 0 else None)
+        log(f"condense {cfg.task}: {len(self.blocks)} general-text blocks; heal={cfg.heal} "
+            f"prune={cfg.prune}")
+        self.full = ctx.graph
+        # the original model's outputs, before any adapter exists
+        self.target_logp = last_logprobs(model, self.rows["train"], cfg.batch_size) if cfg.heal else None
+        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg)
+        self.test_ref = reference_outputs(model, self.full, self.rows["test"], cfg.intervention,
+                                          cfg.batch_size)
+        log(f"original model: val accuracy {self.gate.accuracy_original:.3f}, general-text ppl "
+            f"{self.gate.ppl_original:.2f}")
+        self.model = add_adapter(model, cfg)
 
-    for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
-        if getattr(cfg, key) < 1:
-            bad(key, "must be >= 1")
-    for key in ("heal_general_weight", "heal_stop_loss", "n_general"):
-        if getattr(cfg, key) < 0:
-            bad(key, "must be >= 0")
-    if not cfg.heal_lr > 0:
-        bad("heal_lr", "must be > 0")
-    if not 0 <= cfg.gate_faithfulness <= 1:
-        bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
-    if not 0 < cfg.prune_fraction <= 1:
-        bad("prune_fraction", "must lie in (0, 1]")
-    if not 0 < cfg.min_prune_fraction <= cfg.prune_fraction:
-        bad("min_prune_fraction", f"must lie in (0, prune_fraction = {cfg.prune_fraction}]")
-    if cfg.init_circuit and not os.path.exists(cfg.init_circuit):
-        bad("init_circuit", "no such circuit.json")
+    def start(self):
+        """(state, circuit): the committed state of an earlier run of the same recipe, or round 0."""
+        cfg = self.cfg
+        state, circuit = _load_state(self.out, self.ctx.model, self.model, cfg)
+        barrier()  # every process has read the state before the main one may write a first one
+        if state is None:
+            circuit = initial_circuit(self.full, cfg, self.ctx.model)
+            state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
+                         fingerprint=_fingerprint(cfg),
+                         seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
+            state = _save_state(self.out, self.model, circuit, state)
+        else:
+            log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
+                f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
+        return state, circuit
 
-
-def run_condense(cfg, accelerator, output_dir):
-    check_config(cfg)
-    start_time = time.perf_counter()
-    out = output_dir
-    device = torch.device(cfg.device) if cfg.device else accelerator.device
-    model, tokenizer, rows = load_model_and_rows(cfg, device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    blocks = list(tasks.general_text(tokenizer, "val")["input_ids"])[:cfg.n_general]
-    train_blocks = (list(tasks.general_text(tokenizer, "train")["input_ids"])
-                    if cfg.heal and cfg.heal_general_weight > 0 else None)
-    log(f"condense {cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in rows)} rows, "
-        f"{len(blocks)} general-text blocks; heal={cfg.heal} prune={cfg.prune}; {cfg.model} on {device}")
-
-    full = Graph.from_model(model)
-    # the original model's outputs, before any adapter exists
-    target_logp = last_logprobs(model, rows["train"], cfg.batch_size) if cfg.heal else None
-    gate = Gate(model, full, rows["val"], blocks, cfg)
-    test_ref = reference_outputs(model, full, rows["test"], cfg.intervention, cfg.batch_size)
-    log(f"original model: val accuracy {gate.accuracy_original:.3f}, general-text ppl "
-        f"{gate.ppl_original:.2f}")
-
-    peft_model = add_adapter(model, cfg)
-    state, circuit = _load_state(out, model, peft_model, cfg)
-    barrier()  # every process has read the state before the main one may write a first one
-    if state is None:
-        circuit = initial_circuit(full, cfg, model)
-        state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
-                     fingerprint=_fingerprint(cfg),
-                     seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
-        state = _save_state(out, peft_model, circuit, state)
-    else:
-        log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
-            f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
-
-    max_rounds = cfg.max_rounds if cfg.prune else 1
-    while not state["done"] and state["round"] < max_rounds:
+    def round(self, state, circuit):
+        """Rank, cut, heal and gate one round; commit it; returns the new (state, circuit)."""
+        cfg, model = self.cfg, self.model
         rnd = state["round"] + 1
         t0 = time.perf_counter()
         torch.manual_seed(_round_seed(cfg, rnd))
         cut = state["cut"] if cfg.prune else 0.0
         if cfg.prune:
-            rank(peft_model, circuit, rows["train"], cfg)
+            rank(model, circuit, self.rows["train"], cfg)
             candidate = cut_edges(circuit, cut)
         else:
             candidate = circuit.copy()
-        accepted_adapter = adapter_state(peft_model)
+        accepted_adapter = adapter_state(model)
         note, losses = "", []
         key = _edge_key(candidate)
-        n_candidate = candidate.count_edges(on_path=True)
         try:
-            if cfg.prune and n_candidate == 0:
+            if cfg.prune and candidate.count_edges(on_path=True) == 0:
                 raise _Skip("no input -> logits path left")
             if cfg.prune and key in state.get("rejected_since_accept", []):
                 raise _Skip("the same edges as a cut already rejected since the last accepted "
                             "round (a smaller cut removes the same edges)")
             if cfg.heal:
-                losses = heal(peft_model, candidate, rows["train"], target_logp, cfg, rnd,
-                              general_blocks=train_blocks)
-            ok, g = gate(peft_model, candidate)
-        except HealDiverged as e:
-            note = f"heal diverged: {e}"
-            log(f"round {rnd}: {note}; rejected")
-            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
-                                faithfulness=math.nan)
-        except _Skip as e:  # decided without heal or gate (deterministic, so resume-safe)
-            note = f"skipped: {e}"
-            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
-                                faithfulness=math.nan)
+                losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
+                              general_blocks=self.train_blocks)
+            ok, g = self.gate(model, candidate)
+        except (HealDiverged, _Skip) as e:  # _Skip: decided without heal or gate (resume-safe)
+            note = f"heal diverged: {e}" if isinstance(e, HealDiverged) else f"skipped: {e}"
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
         if world()[1] > 1:  # the same decision everywhere, even if floats ever differed
-            votes = all_reduce_(torch.tensor([float(bool(ok))], device=device))
+            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
             ok = bool(votes.item() == world()[1])
-        record = dict(round=rnd, cut=cut, accepted=bool(ok),
-                      edges=candidate.count_edges(on_path=True), accuracy=g["accuracy"],
-                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
-                      heal_loss=losses[-1] if losses else None, note=note,
-                      time=time.perf_counter() - t0)
+        record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
+                      accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
+                      note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
-            f"{record['accuracy']:.3f} (original {gate.accuracy_original:.3f}), ppl ratio "
+            f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
             f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"
             + (f" ({note})" if note else ""))
         if is_main():
-            _wandb_log(accelerator, cfg, record)
+            _wandb_log(self.ctx.accelerator, cfg, record)
         state["rounds"].append(record)
         state["round"] = rnd
         if ok:
             circuit = candidate
             state["accepted_round"] = rnd
             state["rejected_since_accept"] = []
-            if circuit.count_edges(on_path=True) <= 1:
-                state["done"] = True
+            state["done"] = circuit.count_edges(on_path=True) <= 1
         else:
             state.setdefault("rejected_since_accept", []).append(key)
-            load_adapter_state(peft_model, accepted_adapter)
+            load_adapter_state(model, accepted_adapter)
             if not cfg.prune or cut <= cfg.min_prune_fraction + 1e-12:
                 state["done"] = True
             else:
                 state["cut"] = max(cut / 2, cfg.min_prune_fraction)
-        state = _save_state(out, peft_model, circuit, state)
+        state = _save_state(self.out, model, circuit, state)
         if is_main():
-            _write_rounds(out, state["rounds"])
+            _write_rounds(self.out, state["rounds"])
+        return state, circuit
 
-    # final artifacts: reload the committed state so a resumed run ends identically
-    state, circuit = _load_state(out, model, peft_model, cfg)
-    extra = {}
-    if not cfg.prune:  # heal-only control: rank the healed model, smallest faithful circuit
-        rank(peft_model, circuit, rows["train"], cfg)
-        found = smallest_faithful(peft_model, circuit, rows["val"], cfg.faithfulness_threshold,
-                                  absolute=cfg.absolute_scores, intervention=cfg.intervention,
-                                  batch_size=cfg.batch_size)
-        if found.graph is not None:
-            circuit = found.graph
-        extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
-    test = circuit_metrics(peft_model, circuit, rows["test"], test_ref, cfg)
-    extra.update(template_split_accuracy(peft_model, circuit, rows["test"], test_ref, cfg))
-    ppl = perplexity(peft_model, blocks, cfg.batch_size) if blocks else math.nan
-    accepted = [r for r in state["rounds"] if r["accepted"]]
-    metrics = dict(
-        method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
-        edges=circuit.count_edges(on_path=True), total_edges=int(full.valid.sum()),
-        accuracy=test["accuracy"], accuracy_original=test["accuracy_full"], top1=test["top1"],
-        top1_agreement=test["top1_agreement"], logit_diff=test["logit_diff"],
-        logit_diff_original=test["logit_diff_full"], faithfulness=test["faithfulness"],
-        kl=test["kl"], ppl_ratio=ppl / gate.ppl_original if blocks else math.nan,
-        ppl=ppl, ppl_original=gate.ppl_original, accuracy_original_val=gate.accuracy_original,
-        rounds=state["round"], accepted_rounds=len(accepted),
-        wall_seconds=time.perf_counter() - start_time,
-        n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
-        n_general=len(blocks), **extra)
-    log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
-        f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
-        f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
-    if not is_main():
+    def finish(self):
+        """Final metrics on test from the committed state (a resumed run ends identically)."""
+        cfg, model, rows = self.cfg, self.model, self.rows
+        state, circuit = _load_state(self.out, self.ctx.model, model, cfg)
+        extra = {}
+        if not cfg.prune:  # heal-only control: rank the healed model, smallest faithful circuit
+            rank(model, circuit, rows["train"], cfg)
+            found = smallest_faithful(model, circuit, rows["val"], cfg.faithfulness_threshold,
+                                      absolute=cfg.absolute_scores, intervention=cfg.intervention,
+                                      batch_size=cfg.batch_size, resolution=cfg.search_resolution)
+            if found.graph is not None:
+                circuit = found.graph
+            extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
+        test = circuit_metrics(model, circuit, rows["test"], self.test_ref, cfg)
+        extra.update(template_split_accuracy(model, circuit, rows["test"], self.test_ref, cfg))
+        ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
+        metrics = dict(
+            method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
+            edges=circuit.count_edges(on_path=True), total_edges=int(self.full.valid.sum()),
+            accuracy=test["accuracy"], accuracy_original=test["accuracy_full"], top1=test["top1"],
+            top1_agreement=test["top1_agreement"], logit_diff=test["logit_diff"],
+            logit_diff_original=test["logit_diff_full"], faithfulness=test["faithfulness"],
+            kl=test["kl"], ppl_ratio=ppl / self.gate.ppl_original if self.blocks else math.nan,
+            ppl=ppl, ppl_original=self.gate.ppl_original,
+            accuracy_original_val=self.gate.accuracy_original, rounds=state["round"],
+            accepted_rounds=sum(r["accepted"] for r in state["rounds"]),
+            wall_seconds=time.perf_counter() - self.start_time,
+            n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
+            n_general=len(self.blocks), **extra)
+        log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
+            f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
+            f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
+        if is_main():
+            self.write(circuit, state, metrics)
         return metrics
-    save_adapter(peft_model, out)
-    circuit.to_json(os.path.join(out, "circuit.json"))
-    circuit.to_image(os.path.join(out, "circuit.png"))
-    _write_rounds(out, state["rounds"])
-    if state["rounds"]:
-        plot_rounds(state["rounds"], os.path.join(out, "rounds.png"),
-                    f"condense {cfg.task}: edges and val accuracy per round")
-    write_json(os.path.join(out, "metrics.json"), metrics)
-    return metrics
+
+    def write(self, circuit, state, metrics):
+        out = self.out
+        save_adapter(self.model, out)
+        circuit.to_json(os.path.join(out, "circuit.json"))
+        circuit.to_image(os.path.join(out, "circuit.png"))
+        _write_rounds(out, state["rounds"])
+        if state["rounds"]:
+            plot_rounds(state["rounds"], os.path.join(out, "rounds.png"),
+                        f"condense {self.cfg.task}: edges and val accuracy per round")
+        write_json(os.path.join(out, "metrics.json"), metrics)
 
 
-run_condense.data_parallel = True  # train.py runs it on every process
+def run_condense(ctx: RunContext) -> dict:
+    """The condensation run (see the module docstring); returns metrics.json's contents."""
+    loop = _Loop(ctx)
+    state, circuit = loop.start()
+    max_rounds = ctx.cfg.max_rounds if ctx.cfg.prune else 1
+    while not state["done"] and state["round"] < max_rounds:
+        state, circuit = loop.round(state, circuit)
+    return loop.finish()
+
+
+register("condense", CondenseConfig, run_condense, data_parallel=True,
+         help="condensation: rank -> prune -> heal (LoRA) -> gate")
 
 
 class _Skip(Exception):

@@ -1,10 +1,10 @@
 """Edge Pruning (Bhaskar et al. 2024, "Finding Transformer Circuits with Edge Pruning") and
 HAP (Gu et al. 2025, "Discovering Transformer Circuits via a Hybrid Attribution and Pruning
-Framework", arXiv:2510.03282) as runs of condense/train.py (methods `edge_pruning`, `hap`).
+Framework", arXiv:2510.03282): methods `edge_pruning` and `hap`.
 
 Edge Pruning
 ------------
-Every edge e of the graph (DESIGN.md §1) gets a hard-concrete gate (Louizos et al. 2018)
+Every edge e of the graph gets a hard-concrete gate (Louizos et al. 2018)
 with a learned location log_alpha_e, stretch limits (l, r) = (-0.1, 1.1) and temperature
 beta = 2/3:
 
@@ -98,27 +98,26 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from condense.artifacts import atomic_write, write_json
-from condense.config import RecipeError
+from condense.artifacts import atomic_write
+from condense.config import RecipeError, RunConfig, at_least
 from condense.evaluate import dataset_columns, evaluate
 from condense.graph import Graph
 from condense.metrics import last_logits, pad_batch
 from condense.optimize import all_reduce_, fit, shard, world
+from condense.methods import register
 from condense.patching import run_graph
+from condense.runs import RunContext, log, save_run
 
 LIMIT_LEFT, LIMIT_RIGHT = -0.1, 1.1
 TEMPERATURE = 2 / 3
 EPS = 1e-6
 INIT_STD = 0.01
-
-
-def log(msg):
-    if world()[0] == 0:
-        print(f"[condense] {msg}", flush=True)
 
 
 # ------------------------------------------------------------------ hard-concrete gates
@@ -376,31 +375,69 @@ def search(model, rows, cfg, hap=False, means=None, progress=True):
 
 
 # ------------------------------------------------------------------ recipe checks and runners
-def check_config(cfg, hap=False):
-    """Refuse values the search cannot use, before any model loads."""
-    def bad(key, why):
-        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(cfg, key)!r}")
+@dataclass
+class EdgePruningConfig(RunConfig):
+    """Edge Pruning's keys (the module docstring describes the search)."""
+    ep_steps: int = field(default=1000, metadata={
+        "help": "AdamW steps of the mask training (hap: see hap_steps)"})
+    ep_lr: float = field(default=0.1, metadata={
+        "help": "learning rate of the hard-concrete log-alphas"})
+    ep_lambda_lr: float = field(default=0.3, metadata={
+        "help": "learning rate of the Lagrange multipliers (maximised)"})
+    ep_target_sparsity: float = field(default=0.95, metadata={
+        "help": "target fraction of the graph's edges REMOVED (expected, over "
+                "all edges; 0.95 keeps 5 %)"})
+    ep_ramp_fraction: float = field(default=0.8, metadata={
+        "help": "fraction of ep_steps over which the target ramps linearly "
+                "from 0 to ep_target_sparsity (then it stays there)"})
+    ep_batch_size: int = field(default=32, metadata={
+        "help": "train rows per mask-training step"})
+    ep_init_log_alpha: float = field(default=10.0, metadata={
+        "help": "initial log-alpha of every gate (plus N(0, 0.01^2) noise; "
+                "10 = every edge on)"})
 
-    for key in ("ep_steps", "ep_batch_size"):
-        if getattr(cfg, key) < 1:
-            bad(key, "must be >= 1")
-    if not 0.0 < cfg.ep_target_sparsity < 1.0:
-        bad("ep_target_sparsity", "must lie in (0, 1) (the fraction of edges removed)")
-    if not 0.0 <= cfg.ep_ramp_fraction <= 1.0:
-        bad("ep_ramp_fraction", "must lie in [0, 1]")
-    for key in ("ep_lr", "ep_lambda_lr"):
-        if not getattr(cfg, key) > 0:
-            bad(key, "must be > 0")
-    if hap:
+    def check(self):
+        """Refuse values the search cannot use, before any model loads."""
+        super().check()
+        for key in ("ep_steps", "ep_batch_size"):
+            at_least(self, key, 1)
+        for key in ("ep_lr", "ep_lambda_lr"):
+            at_least(self, key, 0, strict=True)
+        if not 0.0 < self.ep_target_sparsity < 1.0:
+            self._bad("ep_target_sparsity", "must lie in (0, 1) (the fraction of edges removed)")
+        if not 0.0 <= self.ep_ramp_fraction <= 1.0:
+            self._bad("ep_ramp_fraction", "must lie in [0, 1]")
+
+    def _bad(self, key, why):
+        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
+
+
+@dataclass
+class HAPConfig(EdgePruningConfig):
+    """HAP: Edge Pruning over the top edges of an attribution (its candidates)."""
+    hap_attribution: str = field(default="eap", metadata={
+        "help": "attribution method that ranks the candidate edges (eap as in the HAP "
+                "paper; any condense.attribute method)"})
+    hap_candidates: Optional[int] = field(default=None, metadata={
+        "help": "keep this many top edges by |attribution| as candidates (null: use "
+                "hap_candidate_fraction)"})
+    hap_candidate_fraction: float = field(default=0.3, metadata={
+        "help": "candidate edges as a fraction of all edges, when hap_candidates is null"})
+    hap_steps: Optional[int] = field(default=None, metadata={
+        "help": "mask-training steps (null: Edge Pruning's ramp rate over the sparsity the "
+                "candidates leave to learn, plus Edge Pruning's settle steps)"})
+
+    def check(self):
+        super().check()
         from condense.attribute import METHODS
-        if cfg.hap_attribution not in METHODS:
-            bad("hap_attribution", f"must be one of {', '.join(METHODS)}")
-        if cfg.hap_candidates is not None and cfg.hap_candidates < 1:
-            bad("hap_candidates", "must be >= 1 or null")
-        if not 0.0 < cfg.hap_candidate_fraction <= 1.0:
-            bad("hap_candidate_fraction", "must lie in (0, 1]")
-        if cfg.hap_steps is not None and cfg.hap_steps < 1:
-            bad("hap_steps", "must be >= 1 or null")
+        if self.hap_attribution not in METHODS:
+            self._bad("hap_attribution", f"must be one of {', '.join(METHODS)}")
+        if self.hap_candidates is not None and self.hap_candidates < 1:
+            self._bad("hap_candidates", "must be >= 1 or null")
+        if not 0.0 < self.hap_candidate_fraction <= 1.0:
+            self._bad("hap_candidate_fraction", "must lie in (0, 1]")
+        if self.hap_steps is not None and self.hap_steps < 1:
+            self._bad("hap_steps", "must be >= 1 or null")
 
 
 def plot_training(history, path, title):
@@ -425,20 +462,16 @@ def plot_training(history, path, title):
     plt.close(fig)
 
 
-def _run(cfg, accelerator, output_dir, hap):
+def run(ctx: RunContext) -> dict:
+    """The Edge Pruning or HAP run (the config's class says which); returns metrics.json's
+    contents. Data parallel: every process trains on its share of each batch."""
     from safetensors.torch import save
 
-    from condense.methods.scoring import ablation_means, load_model_and_rows
-    check_config(cfg, hap)
+    cfg, model, rows, means = ctx.cfg, ctx.model, ctx.rows, ctx.means
+    hap = isinstance(cfg, HAPConfig)
     start = time.perf_counter()
     method = "hap" if hap else "edge_pruning"
-    device = torch.device(cfg.device) if cfg.device else accelerator.device
-    model, _, rows = load_model_and_rows(cfg, device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    log(f"{method} {cfg.task}: {len(rows['train'])} train / {len(rows['test'])} test rows; "
-        f"target sparsity {cfg.ep_target_sparsity}; {cfg.model} on {device}")
-    means = ablation_means(model, Graph.from_model(model), rows, cfg)
+    log(f"{method} {cfg.task}: target sparsity {cfg.ep_target_sparsity}")
     res = search(model, rows["train"], cfg, hap=hap, means=means)
     circuit, masks = res["circuit"], res["masks"]
     if hap:
@@ -469,32 +502,17 @@ def _run(cfg, accelerator, output_dir, hap):
     if hap:
         metrics.update(hap_attribution=cfg.hap_attribution, n_candidates=res["n_candidates"])
 
-    if not accelerator.is_main_process:  # data parallel: the main process writes
-        return metrics
-    os.makedirs(os.path.join(output_dir, "state"), exist_ok=True)
-    atomic_write(os.path.join(output_dir, "state", "masks.safetensors"),
-                 save({"log_alpha": masks.full_log_alpha().contiguous()}))
-    atomic_write(os.path.join(output_dir, "training.jsonl"),
-                 "".join(json.dumps(h) + "\n" for h in res["history"]))
-    circuit.to_json(os.path.join(output_dir, "circuit.json"))
-    circuit.to_image(os.path.join(output_dir, "circuit.png"))
-    plot_training(res["history"], os.path.join(output_dir, "training.png"),
-                  f"{method} on {cfg.task}: expected edges and KL per step")
-    write_json(os.path.join(output_dir, "metrics.json"), metrics)
-    return metrics
+    if ctx.is_main:  # data parallel: the main process writes
+        os.makedirs(ctx.path("state"), exist_ok=True)
+        atomic_write(ctx.path(os.path.join("state", "masks.safetensors")),
+                     save({"log_alpha": masks.full_log_alpha().contiguous()}))
+        atomic_write(ctx.path("training.jsonl"), "".join(json.dumps(h) + "\n" for h in res["history"]))
+        plot_training(res["history"], ctx.path("training.png"),
+                      f"{method} on {cfg.task}: expected edges and KL per step")
+    return save_run(ctx, metrics, circuit)
 
 
-def run_edge_pruning(cfg, accelerator, output_dir):
-    """Runner of method `edge_pruning` (see the module docstring); returns metrics.json."""
-    return _run(cfg, accelerator, output_dir, hap=False)
-
-
-def run_hap(cfg, accelerator, output_dir):
-    """Runner of method `hap`: EAP candidates, then Edge Pruning over them only."""
-    return _run(cfg, accelerator, output_dir, hap=True)
-
-
-# train.py runs data-parallel runners on every process: each takes its share of every batch
-# (condense.optimize.shard) and fit averages the gradients; only the main process writes
-run_edge_pruning.data_parallel = True
-run_hap.data_parallel = True
+register("edge_pruning", EdgePruningConfig, run, data_parallel=True,
+         help="Edge Pruning: a hard-concrete gate per edge, trained to a target sparsity")
+register("hap", HAPConfig, run, data_parallel=True,
+         help="HAP: Edge Pruning over an attribution's top edges only")

@@ -1,53 +1,33 @@
-"""One-shot edge scoring as a run of condense/train.py: rank every edge once, then find the
-smallest faithful top-n circuit (DESIGN.md §4, §6).
+"""One-shot edge scoring (methods eap, eap_ig, eap_ig_inputs, eap_ig_activations,
+clean_corrupted, eap_gp, random): rank every edge once, then find the smallest faithful top-n
+circuit.
 
 Splits have one job each, so that no reported number is measured on the data that chose it:
 - `train` ranks the edges (attribute);
 - `val` draws the MIB curves (CPR, CMD) and searches the smallest faithful circuit;
 - `test` gives the final numbers of that circuit.
 
-Artifacts in the run's output_dir (each written atomically; metrics.json last, so its
-presence means the run finished): circuit.json (MIB format, every edge's score, in_graph =
-the circuit found), circuit.png, curve.png, metrics.json. recipe.yaml is written by train.py.
+Artifacts in the run folder (each written atomically; metrics.json last, so its presence
+means the run finished): circuit.json (MIB format, every edge's score, in_graph = the circuit
+found), circuit.png, curve.png, metrics.json; recipe.yaml is written by condense.runs.
 """
 import time
+from dataclasses import dataclass
 
-import torch
-
-from condense import tasks
-from condense.artifacts import write_json
 from condense.attribute import METHODS, attribute
+from condense.config import RunConfig
 from condense.curves import cpr_cmd, plot_curve, smallest_faithful
 from condense.evaluate import evaluate, reference_outputs
-from condense.graph import Graph
-from condense.models import load_model, load_tokenizer
-from condense.patching import compute_means
+from condense.methods import register
+from condense.runs import RunContext, log, save_run
 
-SPLITS = ("train", "val", "test")
-# recipe method -> condense.attribute method; `eap_ig` is EAP-IG on the inputs (DESIGN.md §5)
+# recipe method -> condense.attribute method; `eap_ig` is EAP-IG on the inputs
 ATTRIBUTION_METHOD = {"eap_ig": "eap_ig_inputs", **{m: m for m in METHODS}}
 
 
-def log(msg):
-    print(f"[condense] {msg}", flush=True)
-
-
-def load_model_and_rows(cfg, device):
-    """The model (eval mode, on `device`), its tokenizer and the task rows of every split."""
-    model = load_model(cfg.model, dtype=cfg.dtype, device=device)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-    sizes = dict(train=cfg.n_train, val=cfg.n_val, test=cfg.n_test)
-    rows = {split: tasks.load_task(cfg.task, tokenizer, split, n=sizes[split], seed=cfg.seed)
-            for split in SPLITS}
-    return model, tokenizer, rows
-
-
-def ablation_means(model, graph, rows, cfg):
-    """Reference means for intervention='mean': sender outputs averaged over the clean
-    prompts of the train split (the ranking data), reused on val and test."""
-    if cfg.intervention != "mean":
-        return None
-    return compute_means(model, graph, rows["train"]["clean_ids"], batch_size=cfg.batch_size)
+@dataclass
+class ScoringConfig(RunConfig):
+    """One-shot scorers use the shared keys only (ranking, search and evaluation)."""
 
 
 def rank_edges(model, graph, rows, cfg, method, means, progress=True):
@@ -80,18 +60,11 @@ def _curve_points(curve):
                 faithfulness=curve.faithfulness)
 
 
-def score_once(cfg, accelerator, output_dir):
-    """The whole one-shot run; returns metrics.json's contents. Runs on the main process
-    only: ranking a small model is not worth sharding, and the other processes of an
-    `accelerate launch` wait for it in train.py."""
+def run(ctx: RunContext) -> dict:
+    """The whole one-shot run; returns metrics.json's contents. Runs on the main process only:
+    ranking is not sharded, and the other processes of an `accelerate launch` wait."""
+    cfg, model, graph, rows, means = ctx.cfg, ctx.model, ctx.graph, ctx.rows, ctx.means
     attribution_method = ATTRIBUTION_METHOD[cfg.method]
-    device = torch.device(cfg.device) if cfg.device else accelerator.device
-    model, _, rows = load_model_and_rows(cfg, device)
-    log(f"{cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in SPLITS)} rows; model {cfg.model} "
-        f"on {device}")
-    graph = Graph.from_model(model)
-    means = ablation_means(model, graph, rows, cfg)
-
     rank_seconds = rank_edges(model, graph, rows["train"], cfg, attribution_method, means)
     log(f"ranked {graph.n_edges} edges with {attribution_method} in {rank_seconds:.1f}s")
     curves, found, curve_seconds, search_seconds = search_circuit(model, graph, rows["val"], cfg, means)
@@ -127,10 +100,10 @@ def score_once(cfg, accelerator, output_dir):
         search_evaluated={str(n): dict(faithfulness=f, edges=e)
                           for n, (f, e) in sorted(found.evaluated.items())})
 
-    circuit.to_json(f"{output_dir}/circuit.json")
-    circuit.to_image(f"{output_dir}/circuit.png")
-    plot_curve({"signed scores": curves["signed"], "|scores|": curves["absolute"]},
-               f"{output_dir}/curve.png",
+    plot_curve({"signed scores": curves["signed"], "|scores|": curves["absolute"]}, ctx.path("curve.png"),
                title=f"{cfg.method} on {cfg.task} (val): faithfulness of top-n circuits")
-    write_json(f"{output_dir}/metrics.json", metrics)
-    return metrics
+    return save_run(ctx, metrics, circuit)
+
+
+for _name in ATTRIBUTION_METHOD:
+    register(_name, ScoringConfig, run, help=f"one-shot edge scoring with {ATTRIBUTION_METHOD[_name]}")

@@ -1,4 +1,4 @@
-"""Verifiers for small circuits (DESIGN.md §7): exhaustive subsets and pairwise ablation.
+"""Verifiers for small circuits: exhaustive subsets and pairwise ablation.
 
     python -m condense.verify checkpoints/<run> [--max-edges 20] [--tau 0.05] [--split test]
                               [--n 200] [--threshold F] [--model M] [--task T] ...
@@ -265,32 +265,6 @@ def plot_pairs(path, report):
 
 # ---------------------------------------------------------------- a run folder
 
-def _read_recipe(run_dir):
-    import yaml
-    path = os.path.join(run_dir, "recipe.yaml")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
-
-
-def load_run_model(run_dir, recipe, model=None, device=None, dtype=None):
-    """(model with the run's adapter if it has one, tokenizer, model path, adapter?, device)
-    for a run folder, as its recipe.yaml describes it (shared by verify and explain)."""
-    from condense.models import load_model, load_tokenizer
-    model_path = model or recipe.get("model") or "checkpoints/organism"
-    device = device or recipe.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    base = load_model(model_path, dtype=dtype or recipe.get("dtype"), device=device)
-    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
-    if adapter:
-        from peft import PeftModel
-        net = PeftModel.from_pretrained(base, run_dir).eval()
-    else:
-        net = base
-    tokenizer = load_tokenizer(recipe.get("tokenizer") or model_path)
-    return net, tokenizer, model_path, adapter, device
-
-
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True):
@@ -299,6 +273,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     from condense.artifacts import atomic_write, write_json
     from condense.graph import Graph
     from condense.patching import compute_means
+    from condense.runs import read_run
     from condense.verify.subsets import Progress
 
     begin = time.perf_counter()
@@ -306,21 +281,20 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     if not os.path.exists(circuit_path):
         raise FileNotFoundError(f"{run_dir}: no circuit.json to verify")
     check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
-    recipe = _read_recipe(run_dir)
-    task = task or recipe.get("task")
-    if task is None:
-        raise ValueError(f"{run_dir}/recipe.yaml names no task; pass --task")
-    intervention = intervention or recipe.get("intervention") or "patching"
-    threshold = threshold if threshold is not None else float(recipe.get("faithfulness_threshold", 0.9))
-    batch_size = batch_size or int(recipe.get("batch_size", 32))
-    seed = int(recipe.get("seed", 0))
-    net, tokenizer, model_path, adapter, device = load_run_model(run_dir, recipe, model, device,
-                                                                 dtype)
+    run = read_run(run_dir, "verify")
+    cfg = run.config
+    task = task or cfg.task
+    intervention = intervention or cfg.intervention
+    threshold = threshold if threshold is not None else cfg.faithfulness_threshold
+    batch_size = batch_size or cfg.batch_size
+    seed = cfg.seed
+    net, tokenizer, device = run.load_model(model, device, dtype)
+    model_path, adapter = model or cfg.model, run.adapter
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
-    graph = Graph.from_json(circuit_path, net)
+    graph = run.circuit(net)
     means = None
     if intervention == "mean":  # as the runs do: sender means over the task's train prompts
-        train = tasks.load_task(task, tokenizer, "train", n=int(recipe.get("n_train", 200)), seed=seed)
+        train = tasks.load_task(task, tokenizer, "train", n=cfg.n_train, seed=seed)
         means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
     load_s = time.perf_counter() - begin
 
@@ -350,7 +324,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="python -m condense.verify",
         description="Exhaustive-subset and pairwise-ablation verification of a run's circuit.json "
-                    "(DESIGN.md §7); writes verify.json and pictures into the run folder.")
+                    "; writes verify.json and pictures into the run folder.")
     ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
     ap.add_argument("--max-edges", type=int, default=DEFAULT_MAX_EDGES,
                     help="largest circuit to enumerate (2^n subsets); default %(default)s")

@@ -72,15 +72,10 @@ from condense.methods.s3martcirc.node_baselines import (
     discovery_loss,
     masked_logits,
 )
-from condense.optimize import all_reduce_, fit, shard, world
+from condense.optimize import all_reduce_, fit, shard
 from condense.patching import decomposed_forward
 
 ROLES = ("unimportant", "passthrough", "functional")
-
-
-def log(msg):
-    if world()[0] == 0:
-        print(f"[s3martcirc] {msg}", flush=True)
 
 
 # ---------------------------------------------------------------- functional importance
@@ -226,15 +221,6 @@ class S3Settings:
     fi_threshold: float | None = None
     intervention: str = "patching"
     seed: int = 42
-
-    @classmethod
-    def from_config(cls, cfg):
-        return cls(lr=cfg.s3_lr, weight_decay=cfg.s3_weight_decay, epochs=cfg.s3_epochs,
-                   warmup_epochs=cfg.s3_warmup_epochs, sparsity=cfg.s3_sparsity, alpha=cfg.s3_alpha,
-                   k=cfg.s3_k, batch_size=cfg.s3_batch_size or cfg.batch_size,
-                   binary_weight=cfg.s3_binary_weight, init_unimportant=cfg.s3_init_unimportant,
-                   fi_threshold=cfg.s3_fi_threshold, intervention=cfg.intervention,
-                   seed=cfg.s3_seed)
 
     def schedule(self, n_rows):
         """[(kind, epoch, batch)] per fit step: 'd' (discovery on that batch) or 'c'."""

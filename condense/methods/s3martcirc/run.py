@@ -1,14 +1,19 @@
-"""The S3martCirc run of condense/train.py (`method: s3martcirc`): recipe checks, training
+"""The S3martCirc run (`method: s3martcirc`): its config and checks, training
 (condense.methods.s3martcirc.method, where the method is described), evaluation against the node baselines,
 and the artifacts (circuit.json with roles, circuit.png, roles.json, training.png,
 metrics.json). Only the main process writes.
 """
 import math
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
 from condense.artifacts import atomic_write, write_json
+from condense.config import RecipeError, RunConfig, at_least
 from condense.graph import Graph
+from condense.methods import register
+from condense.runs import RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
     BASELINES,
     ablation_metrics,
@@ -25,7 +30,6 @@ from condense.methods.s3martcirc.method import (
     S3Settings,
     coefficients,
     functional_importance,
-    log,
     node_fi,
     roles_of,
     train_s3martcirc,
@@ -153,46 +157,92 @@ def done_when(s3, compared):
 
 # ---------------------------------------------------------------- runner
 
-def check_config(cfg):
-    """Refuse values the run cannot use, naming the key, before any model loads."""
-    from condense.config import RecipeError
+@dataclass
+class S3Config(RunConfig):
+    """S3martCirc's keys and those of its node baselines."""
+    s3_lr: float = field(default=0.005, metadata={
+        "help": "AdamW learning rate of the node coefficient logits (paper: 0.005)"})
+    s3_weight_decay: float = field(default=5e-4, metadata={
+        "help": "AdamW weight decay of the coefficient logits (paper: 5e-4)"})
+    s3_epochs: int = field(default=60, metadata={
+        "help": "epochs over the train rows (paper: 60); one discovery step per batch"})
+    s3_warmup_epochs: int = field(default=5, metadata={
+        "help": "first epochs with discovery steps only (paper: 5)"})
+    s3_sparsity: float = field(default=0.3, metadata={
+        "help": "weight of the sparsity loss, mean over all nodes (heads and neurons) "
+                "of c_p + c_f (paper: 0.3)"})
+    s3_alpha: float = field(default=0.75, metadata={
+        "help": "discovery loss alpha * KL(P_orig || P_mask) - (1 - alpha) * log "
+                "P_mask(answer) (paper: 0.75)"})
+    s3_k: int = field(default=6, metadata={
+        "help": "classification steps after each discovery step once warmup is over"})
+    s3_seed: int = field(default=42, metadata={
+        "help": "seed of the batch order (paper: 42)"})
+    s3_batch_size: Optional[int] = field(default=None, metadata={
+        "help": "train rows per discovery step, also node_pruning's (null: batch_size)"})
+    s3_binary_weight: float = field(default=0.3, metadata={
+        "help": "weight of the loss pushing each coefficient to 0 or 1, mean over "
+                "nodes of sum_k c_k (1 - c_k) (the paper gives none; default = s3_sparsity's)"})
+    s3_init_unimportant: float = field(default=1 / 3, metadata={
+        "help": "initial c_u of every node, c_p = c_f = (1 - c_u) / 2 (1/3: all "
+                "three equal, where the 0-or-1 loss has no gradient)"})
+    s3_fi_threshold: Optional[float] = field(default=None, metadata={
+        "help": "FI at or above which a circuit node is pushed to functional, below "
+                "to passthrough (null: the median FI of its kind, heads and neurons apart)"})
+    s3_baselines: Optional[list] = field(default=None, metadata={
+        "help": "node baselines run on the same train rows and compared at the same "
+                "circuit size and at s3_budgets: exact_patching, attribution_patching, "
+                "attribution_patching_ig, node_pruning, random (null: none)"})
+    s3_budgets: Optional[list] = field(default=None, metadata={
+        "help": "node budgets (top-n nodes by score) for the ablation numbers and "
+                "known-circuit recovery (null: the paper's 50, 100, 150, 200 for GPT-2 small)"})
+    s3_reference: Optional[str] = field(default=None, metadata={
+        "help": "reference circuit for recovery: a key of condense/data/"
+                "known_circuits.json or a JSON file (null: gpt2_ioi / gpt2_acronym / "
+                "gpt2_greater_than by task when the model is GPT-2 small, else none)"})
+    s3_np_lr: float = field(default=0.1, metadata={
+        "help": "node_pruning baseline: learning rate of the hard-concrete log-alphas (it "
+                "trains as many steps as S3martCirc has discovery steps)"})
+    s3_np_l0: float = field(default=0.3, metadata={
+        "help": "node_pruning baseline: weight of the mean expected-L0 penalty over nodes"})
 
-    def bad(key, why):
-        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(cfg, key)!r}")
+    def check(self):
+        """Refuse values the run cannot use, naming the key, before any model loads."""
+        super().check()
+        for b in self.s3_baselines or []:
+            if b not in BASELINES:
+                raise RecipeError(f"recipe key 's3_baselines': unknown {b!r}; valid: "
+                                  f"{', '.join(BASELINES)}")
+        at_least(self, "s3_epochs", 1)
+        at_least(self, "s3_k", 0)
+        at_least(self, "s3_lr", 0, strict=True)
+        at_least(self, "s3_sparsity", 0)
+        if not 0 <= self.s3_warmup_epochs <= self.s3_epochs:
+            raise RecipeError(f"recipe key 's3_warmup_epochs': must lie in [0, s3_epochs = "
+                              f"{self.s3_epochs}], got {self.s3_warmup_epochs}")
+        if not 0 <= self.s3_alpha <= 1:
+            raise RecipeError(f"recipe key 's3_alpha': must lie in [0, 1], got {self.s3_alpha}")
 
-    for b in cfg.s3_baselines or []:
-        if b not in BASELINES:
-            raise RecipeError(f"recipe key 's3_baselines': unknown {b!r}; valid: "
-                              f"{', '.join(BASELINES)}")
-    if cfg.s3_epochs < 1:
-        bad("s3_epochs", "must be >= 1")
-    if not 0 <= cfg.s3_warmup_epochs <= cfg.s3_epochs:
-        bad("s3_warmup_epochs", f"must lie in [0, s3_epochs = {cfg.s3_epochs}]")
-    if cfg.s3_k < 0:
-        bad("s3_k", "must be >= 0")
-    if not cfg.s3_lr > 0:
-        bad("s3_lr", "must be > 0")
-    if not 0 <= cfg.s3_alpha <= 1:
-        bad("s3_alpha", "must lie in [0, 1]")
-    if cfg.s3_sparsity < 0:
-        bad("s3_sparsity", "must be >= 0")
+    def settings(self) -> S3Settings:
+        """The training settings of condense.methods.s3martcirc.method."""
+        return S3Settings(lr=self.s3_lr, weight_decay=self.s3_weight_decay, epochs=self.s3_epochs,
+                          warmup_epochs=self.s3_warmup_epochs, sparsity=self.s3_sparsity,
+                          alpha=self.s3_alpha, k=self.s3_k,
+                          batch_size=self.s3_batch_size or self.batch_size,
+                          binary_weight=self.s3_binary_weight,
+                          init_unimportant=self.s3_init_unimportant,
+                          fi_threshold=self.s3_fi_threshold, intervention=self.intervention,
+                          seed=self.s3_seed)
 
 
-def run_s3martcirc(cfg, accelerator, output_dir):
+def run_s3martcirc(ctx: RunContext) -> dict:
     """The whole S3martCirc run (see the module docstring); returns metrics.json's contents."""
     from condense.methods.s3martcirc.recovery import PAPER_BUDGETS, default_reference
-    from condense.methods.scoring import ablation_means, load_model_and_rows
 
-    check_config(cfg)
-    main = accelerator.is_main_process
-    device = torch.device(cfg.device) if cfg.device else accelerator.device
+    cfg, model, graph, rows, means, main = ctx.cfg, ctx.model, ctx.graph, ctx.rows, ctx.means, ctx.is_main
     baselines = list(cfg.s3_baselines or [])
-    model, _, rows = load_model_and_rows(cfg, device)
-    graph = Graph.from_model(model)
-    means = ablation_means(model, graph, rows, cfg)
-    settings = S3Settings.from_config(cfg)
-    log(f"{cfg.task}: {len(rows['train'])} train / {len(rows['test'])} test rows; model {cfg.model} "
-        f"on {device}; {graph.n_layers * graph.n_heads} heads + {graph.n_layers * graph.shape.d_mlp} neurons")
+    settings = cfg.settings()
+    log(f"{graph.n_layers * graph.n_heads} heads + {graph.n_layers * graph.shape.d_mlp} neurons")
     torch.manual_seed(settings.seed)
     result = train_s3martcirc(model, graph, rows["train"], settings, means=means, progress=main)
     candidates = result.candidates()
@@ -239,29 +289,13 @@ def run_s3martcirc(cfg, accelerator, output_dir):
     # flat copies of the headline numbers (wandb logs scalars)
     metrics.update(size=size, accuracy_drop=s3["accuracy_drop"], logit_drop=s3["logit_drop"],
                    seconds=result.seconds)
-    if not main:
-        return metrics
     circuit = role_graph(graph, result, nodes)
-    circuit.to_json(f"{output_dir}/circuit.json")
-    circuit.to_image(f"{output_dir}/circuit.png")
-    write_json(f"{output_dir}/roles.json", dict(
-        fi_thresholds=result.thresholds, nodes=roles_table(graph, result, nodes)))
-    plot_history(result.history, f"{output_dir}/training.png",
-                 f"S3martCirc on {cfg.task}: {size} nodes")
-    write_json(f"{output_dir}/metrics.json", metrics)
-    return metrics
+    if main:
+        write_json(ctx.path("roles.json"), dict(
+            fi_thresholds=result.thresholds, nodes=roles_table(graph, result, nodes)))
+        plot_history(result.history, ctx.path("training.png"), f"S3martCirc on {cfg.task}: {size} nodes")
+    return save_run(ctx, metrics, circuit)
 
 
-run_s3martcirc.data_parallel = True
-__all__ = [
-    "ROLES",
-    "S3Result",
-    "S3Settings",
-    "coefficients",
-    "functional_importance",
-    "node_fi",
-    "node_names",
-    "roles_of",
-    "run_s3martcirc",
-    "train_s3martcirc",
-]
+register("s3martcirc", S3Config, run_s3martcirc, data_parallel=True,
+         help="S3martCirc: node roles (unimportant / passthrough / functional) and node baselines")
