@@ -1,4 +1,4 @@
-"""The condensation trainer (DESIGN.md §5, §6) end to end on a tiny random GPT-2."""
+"""The condensation trainer (docs/design.md §5, §6) end to end on a tiny random GPT-2."""
 import json
 import os
 
@@ -241,7 +241,7 @@ def test_controls_c0_and_heal_only(tiny_model, tmp_path):
 
 
 def test_two_processes_give_the_same_circuit(tmp_path):
-    """Data parallel (DESIGN.md §5, issue 5 item 7): the same recipe on two CPU processes
+    """Data parallel (docs/design.md §5): the same recipe on two CPU processes
     (ranking rows and heal batches split, gradients averaged) ends with the circuit, rounds
     and (up to float summation order) adapter of the one-process run. On the organism, whose
     heal losses are far from zero, unlike a random tiny model's."""

@@ -124,11 +124,12 @@ def test_overrides_and_default_output_dir(tmp_path):
 
 def test_shipped_recipes_parse_and_name_their_command():
     paths = sorted(glob.glob(os.path.join(ROOT, "recipes", "*", "*.yaml")))
-    assert len(paths) >= 37
+    assert len(paths) >= 30
     for path in paths:
         rel = os.path.relpath(path, ROOT)
         with open(path) as f:
-            assert f.readline().strip() == f"# condense run --recipe {rel}"
+            first = f.readline().strip()
+        assert first == f"# condense run --recipe {rel}" or first.startswith(f"# condense run --recipe {rel} [")
         cfg = runs.load_config(path)
         assert cfg.method in methods() and cfg.output_dir
 
