@@ -4,7 +4,7 @@
         [--n 64] [--ig-steps 5] [--repeats 1] [--threads 1] [--model checkpoints/organism] [--json PATH]
         [--device cuda] [--dtype bfloat16] [--no-search]
 
-The one-shot flow of condense/train.py (condense.run_scoring), per task and method: rank the
+The one-shot flow of `condense run` (condense.methods.scoring), per task and method: rank the
 edges on `n` train rows, then on `n` val rows the MIB curves (CPR, CMD) and the smallest
 top-n circuit with faithfulness >= 0.9 (by |score|), whose faithfulness is then measured on
 `n` test rows. Ranking wall time is given as a ratio to EAP's on the same task in the same
@@ -22,19 +22,17 @@ import time
 import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
 
-from condense import tasks  # noqa: E402
-from condense.attribute import METHODS  # noqa: E402
-from condense.evaluate import evaluate  # noqa: E402
-from condense.graph import Graph  # noqa: E402
-from condense.models import load_model, load_tokenizer  # noqa: E402
-from condense.run_scoring import rank_edges, search_circuit  # noqa: E402
-from condense.train import RunConfig  # noqa: E402
+from condense import tasks
+from condense.attribute import METHODS
+from condense.evaluate import evaluate
+from condense.graph import Graph
+from condense.models import load_model, load_tokenizer
+from condense.methods.scoring import ScoringConfig, rank_edges, search_circuit
 
 
 def bench_task(model, tokenizer, task, methods, args):
-    cfg = RunConfig(task=task, n_train=args.n, n_val=args.n, n_test=args.n, ig_steps=args.ig_steps,
+    cfg = ScoringConfig(task=task, n_train=args.n, n_val=args.n, n_test=args.n, ig_steps=args.ig_steps,
                     batch_size=args.batch_size)
     rows = {s: tasks.load_task(task, tokenizer, s, n=args.n, seed=cfg.seed) for s in ("train", "val", "test")}
     warm = Graph.from_model(model)

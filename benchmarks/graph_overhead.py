@@ -20,7 +20,6 @@ import time
 import torch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-sys.path.insert(0, ROOT)
 
 
 def build(which):

@@ -6,13 +6,13 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
-Per task, with the recipes' settings (condense/edge_pruning.py; RunConfig defaults unless a
+Per task, with the recipes' settings (condense/methods/edge_pruning.py; HAPConfig defaults unless a
 flag says otherwise):
 - EAP: score every edge on the train rows, keep the top round((1 - target) * edges) by
   |score|, prune;
 - EP: Edge Pruning over all edges, `--steps` steps, target sparsity `--target`;
 - HAP: EAP candidates (top `--candidates` fraction of edges), then Edge Pruning over those
-  only, its step count from the same ramp rate (condense.edge_pruning.hap_schedule);
+  only, its step count from the same ramp rate (condense.methods.edge_pruning.hap_schedule);
 - EP@HAP steps (unless --no-control): Edge Pruning over all edges with HAP's step count, to
   show what the steps alone buy.
 Each circuit is evaluated on the test rows (accuracy, logit difference, KL, faithfulness).
@@ -40,15 +40,13 @@ import time
 import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
 
-from condense import tasks  # noqa: E402
-from condense.attribute import attribute  # noqa: E402
-from condense.edge_pruning import search  # noqa: E402
-from condense.evaluate import evaluate, reference_outputs  # noqa: E402
-from condense.graph import Graph  # noqa: E402
-from condense.models import load_model, load_tokenizer  # noqa: E402
-from condense.train import RunConfig  # noqa: E402
+from condense import tasks
+from condense.attribute import attribute
+from condense.methods.edge_pruning import HAPConfig, search
+from condense.evaluate import evaluate, reference_outputs
+from condense.graph import Graph
+from condense.models import load_model, load_tokenizer
 
 
 def heads(graph):
@@ -63,7 +61,7 @@ def evaluated(model, circuit, rows, reference, cfg):
 
 
 def bench_task(model, tokenizer, task, args):
-    cfg = RunConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
+    cfg = HAPConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
                     ep_steps=args.steps, ep_target_sparsity=args.target,
                     hap_candidate_fraction=args.candidates, seed=args.seed)
     print(f"{task}, seed {args.seed}", flush=True)
@@ -78,7 +76,7 @@ def bench_task(model, tokenizer, task, args):
                      for name, idx in tasks.template_parts(rows["test"]).items()})
     kl_refs = {k: reference_outputs(model, full, v, batch_size=32) for k, v in kl_parts.items()}
     # warm-up: one-off costs (allocator, kernels) are paid here, not by the first method
-    warm = RunConfig(task=task, ep_steps=5, hap_steps=5, batch_size=32)
+    warm = HAPConfig(task=task, ep_steps=5, hap_steps=5, batch_size=32)
     search(model, rows["train"].select(range(32)), warm, hap=True, progress=False)
 
     results = []

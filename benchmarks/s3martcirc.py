@@ -5,7 +5,7 @@
         [--json PATH] [key=value ...]
 
 Per task, the shipped recipe recipes/s3martcirc/organism_<task>.yaml runs through
-condense/train.py (the runner of `method: s3martcirc`) with every node baseline added
+`condense run` (method `s3martcirc`) with every node baseline added
 (s3_baselines): S3martCirc trains its coefficients on the recipe's train rows; each baseline
 scores every head and neuron on the same rows; then on the test rows each method's circuit is
 ablated (those nodes patched with the corrupted prompt, everything else kept): accuracy drop
@@ -23,10 +23,9 @@ import os
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
 
-from condense import train  # noqa: E402
-from condense.node_baselines import BASELINES  # noqa: E402
+from condense import runs
+from condense.methods.s3martcirc.node_baselines import BASELINES
 
 NAMES = {"s3martcirc": "S3martCirc",
          "s3martcirc_coefficients": "S3martCirc, budgets in c_p + c_f order",
@@ -39,8 +38,8 @@ def run_task(task, args):
     recipe = os.path.join(ROOT, "recipes", "s3martcirc", f"organism_{task}.yaml")
     overrides = [f"s3_baselines=[{','.join(args.baselines)}]", f"threads={args.threads}",
                  f"output_dir={os.path.join(args.out, task)}", *args.overrides]
-    cfg = train.load_config(recipe, overrides)
-    metrics = train.run(cfg)
+    cfg = runs.load_config(recipe, overrides)
+    metrics = runs.run(cfg)
     return metrics
 
 

@@ -30,7 +30,6 @@ import time
 import torch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-sys.path.insert(0, ROOT)
 
 
 def pick_circuit(model, graph, scores, target):
@@ -77,7 +76,7 @@ def _sync(device):
 
 
 def subset_throughput(model, graph, rows, batch_size, max_subsets):
-    from condense.subsets import SubsetEvaluator
+    from condense.verify.subsets import SubsetEvaluator
     ev = SubsetEvaluator(model, graph, rows, batch_size=batch_size)
     n_subsets = min(2 ** ev.n_edges, max_subsets)
     ev.mean_logit_diffs(torch.arange(min(n_subsets, 64)))  # warm-up
@@ -92,7 +91,7 @@ def subset_throughput(model, graph, rows, batch_size, max_subsets):
 
 def check_against_evaluate(model, graph, rows, ev, ld, batch_size, n_checks=4):
     from condense.evaluate import evaluate, reference_outputs
-    from condense.subsets import subset_masks
+    from condense.verify.subsets import subset_masks
     ref = reference_outputs(model, graph, rows, batch_size=batch_size)
     gen = torch.Generator().manual_seed(0)
     ids = torch.cat([torch.tensor([0, len(ld) - 1]), torch.randint(len(ld), (n_checks - 2,), generator=gen)])
