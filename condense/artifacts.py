@@ -1,4 +1,4 @@
-"""Atomic writes of run artifacts (DESIGN.md §6): write a temporary file beside the target,
+"""Atomic writes of run artifacts (docs/design.md §6): write a temporary file beside the target,
 then rename it over the target, so a killed run never leaves half a file behind."""
 import json
 import os

@@ -1,5 +1,5 @@
 """Edge attribution: a score for every edge of a Graph, from gradients through the exact
-edge-level forward of condense.patching (DESIGN.md §1-2).
+edge-level forward of condense.patching (docs/design.md §1-2).
 
 Sign convention (all methods): score(s -> r) is a first-order estimate of how much the edge
 *helps* the metric, i.e. of metric(with the edge) - metric(with it ablated); positive = the
@@ -185,7 +185,7 @@ class _Attributor:
     # ------------------------------------------------------------ shared passes
     @torch.no_grad()
     def _ablated(self, b):
-        """What a removed edge carries, per DESIGN.md §2 (computed once per batch)."""
+        """What a removed edge carries, per docs/design.md §2 (computed once per batch)."""
         return ablated_values(self.parts, self.graph, self.intervention, b.clean.shape,
                               b.corrupted, b.mask, self.means,
                               keep_hidden=self.neuron_mask is not None, like=self._full_mask(0))

@@ -1,5 +1,5 @@
 """Circuit curves from edge scores: faithfulness of top-n circuits, MIB's CPR and CMD, and the
-smallest faithful top-n circuit (DESIGN.md §4).
+smallest faithful top-n circuit (docs/design.md §4).
 
 A top-n circuit keeps the n best-scoring edges (graph.apply_topn) and is then pruned to the
 edges on an input -> logits path (graph.prune), as MIB evaluates it; `n` is the number asked

@@ -1,4 +1,4 @@
-"""Circuit metrics of DESIGN.md §4 on a task dataset, through the exact edge-level forward.
+"""Circuit metrics of docs/design.md §4 on a task dataset, through the exact edge-level forward.
 
 For every row, at its last real position: the logit difference LD = logit[answer] -
 logit[distractor] of the circuit C, of the full model (the plain HF model, adapter included)

@@ -1,4 +1,4 @@
-"""The computational graph of DESIGN.md §1 (MIB / EAP-IG compatible), backed by dense tensors.
+"""The computational graph of docs/design.md §1 (MIB / EAP-IG compatible), backed by dense tensors.
 
 Senders (nodes that write to the residual stream), in order: `input`, then per layer l the
 heads `a{l}.h{h}` and the MLP `m{l}`. Receivers, in order: per layer l the head inputs

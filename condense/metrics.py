@@ -1,4 +1,4 @@
-"""Metrics of DESIGN.md §4 on plain (unpatched) models: logit difference at the last
+"""Metrics of docs/design.md §4 on plain (unpatched) models: logit difference at the last
 position, accuracy, top-1, and perplexity on general text."""
 import math
 

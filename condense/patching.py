@@ -1,4 +1,4 @@
-"""The exact edge-level forward (DESIGN.md §2) over a model's own Hugging Face submodules.
+"""The exact edge-level forward (docs/design.md §2) over a model's own Hugging Face submodules.
 
 Every receiver r (a head's q/k/v input, an MLP input, the logits input) reads
 
@@ -471,7 +471,7 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
 
 def ablated_values(parts, graph, intervention, shape, corrupted_ids=None, attention_mask=None,
                    means=None, keep_hidden=False, like=None):
-    """What a removed edge carries (DESIGN.md §2) for a clean batch of `shape` [B, T]: the
+    """What a removed edge carries (docs/design.md §2) for a clean batch of `shape` [B, T]: the
     sender outputs of the corrupted run (`patching`), reference means (`mean`) or zeros."""
     device, dtype = like.device, like.dtype
     if intervention == "patching":

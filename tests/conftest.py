@@ -11,6 +11,39 @@ import torch  # noqa: E402
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture
+def one_thread():
+    """For tests that time or compare runs: one torch thread while they run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_gpt2_folder(folder, n_embd=16, randomize=None, **config):
+    """A 2-layer random GPT-2 with the organism's tokenizer (tasks need its words), saved to
+    `folder` (recipes load models by path). `randomize`: (seed, scale) for tiny.randomize_weights."""
+    import shutil
+
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    if not os.path.exists(os.path.join(ORGANISM, "tokenizer.json")):
+        pytest.skip("needs the organism's tokenizer in checkpoints/organism")
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(ORGANISM, name)):
+            shutil.copy(os.path.join(ORGANISM, name), os.path.join(folder, name))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=n_embd, n_positions=128, vocab_size=len(tokenizer),
+                     bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, **config)
+    model = GPT2LMHeadModel(cfg)
+    if randomize is not None:
+        from .tiny import randomize_weights
+        model = randomize_weights(model, seed=randomize[0], scale=randomize[1])
+    model.save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="session")

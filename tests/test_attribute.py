@@ -17,18 +17,12 @@ from condense.graph import Graph  # noqa: E402
 from condense.metrics import pad_batch  # noqa: E402
 from condense.patching import compute_means, run_graph  # noqa: E402
 
-from .tiny import randomize_weights  # noqa: E402
+from .tiny import moved_token_rows, randomize_weights  # noqa: E402
 
 VOCAB = 60
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machine is shared: every test here runs on one core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_gpt2(seed=0, n_head=2, n_embd=16, scale=1.0, dtype=torch.float32, lora=False):
@@ -48,21 +42,8 @@ def tiny_gpt2(seed=0, n_head=2, n_embd=16, scale=1.0, dtype=torch.float32, lora=
 
 
 def synthetic_rows(model, n=8, seed=5, lengths=(4, 8)):
-    """Random clean/corrupted prompts of lengths 4..8 (so batches are padded); answer and
-    distractor = the tokens the corruption moves most, so that LD(full) != LD(empty)."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = dict(clean_ids=[], corrupted_ids=[], answer_id=[], distractor_id=[])
-    for i in range(n):
-        T = lengths[0] + i % (lengths[1] - lengths[0] + 1)
-        clean = torch.randint(0, VOCAB, (1, T), generator=gen)
-        corrupted = torch.randint(0, VOCAB, (1, T), generator=gen)
-        with torch.no_grad():
-            shift = model(input_ids=clean).logits[0, -1] - model(input_ids=corrupted).logits[0, -1]
-        rows["clean_ids"].append(clean[0].tolist())
-        rows["corrupted_ids"].append(corrupted[0].tolist())
-        rows["answer_id"].append(int(shift.argmax()))
-        rows["distractor_id"].append(int(shift.argmin()))
-    return rows
+    """Random prompts of lengths 4..8 whose answer/distractor the corruption moves most."""
+    return moved_token_rows(model, n, seed, lengths, vocab=VOCAB)
 
 
 def spearman(a, b):

@@ -3,12 +3,10 @@ formulas, the Lagrangian's signs under fit's maximisation, HAP's fixed-off non-c
 the thresholding to the learned sparsity, and short recipe runs that write artifacts."""
 import json
 import math
-import os
-import shutil
 
 import pytest
 import torch
-from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import AutoTokenizer, GPT2LMHeadModel
 
 from condense.methods import edge_pruning as ep
 from condense.methods.edge_pruning import HAPConfig
@@ -18,28 +16,14 @@ from condense.attribute import attribute
 from condense.config import RecipeError
 from condense.graph import Graph
 
-from .conftest import ORGANISM
-from .tiny import randomize_weights
+from .conftest import tiny_gpt2_folder
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    """A 2-layer random GPT-2 (weights redrawn so that edges matter) with the organism's
-    tokenizer, saved to a folder (recipes load models by path)."""
-    if not os.path.exists(os.path.join(ORGANISM, "tokenizer.json")):
-        pytest.skip("needs the organism's tokenizer in checkpoints/organism")
-    folder = tmp_path_factory.mktemp("tiny_ep")
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(ORGANISM, name)):
-            shutil.copy(os.path.join(ORGANISM, name), folder / name)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tokenizer),
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
-    randomize_weights(GPT2LMHeadModel(config), seed=1, scale=2.0).save_pretrained(folder)
-    return str(folder)
+    """Weights redrawn (tiny.randomize_weights, scale 2) so that edges matter."""
+    return tiny_gpt2_folder(tmp_path_factory.mktemp("tiny_ep"), randomize=(1, 2.0))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from condense.graph import Graph  # noqa: E402
 from condense.model_parts import UnsupportedModelError  # noqa: E402
 from condense.patching import compute_means, run_graph  # noqa: E402
 
-from .tiny import randomize_weights  # noqa: E402
+from .tiny import moved_token_rows, randomize_weights  # noqa: E402
 
 TOL = 1e-4
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -517,22 +517,9 @@ def test_unhandled_configs_are_refused(family, setting):
 # ------------------------------------------------------------------ evaluate
 
 def _dataset(model, n=10, seed=5):
-    """Rows of lengths 4..8; answer/distractor = the tokens the corruption moves most, so
-    that LD(full) and LD(empty) differ."""
+    """Rows of lengths 4..8 whose answer/distractor the corruption moves most."""
     import datasets
-    gen = torch.Generator().manual_seed(seed)
-    rows = dict(clean_ids=[], corrupted_ids=[], answer_id=[], distractor_id=[])
-    for i in range(n):
-        T = 4 + i % 5
-        clean = torch.randint(0, 100, (1, T), generator=gen)
-        corrupted = torch.randint(0, 100, (1, T), generator=gen)
-        with torch.no_grad():
-            shift = model(input_ids=clean).logits[0, -1] - model(input_ids=corrupted).logits[0, -1]
-        rows["clean_ids"].append(clean[0].tolist())
-        rows["corrupted_ids"].append(corrupted[0].tolist())
-        rows["answer_id"].append(int(shift.argmax()))
-        rows["distractor_id"].append(int(shift.argmin()))
-    return datasets.Dataset.from_dict(rows)
+    return datasets.Dataset.from_dict(moved_token_rows(model, n, seed, (4, 8), vocab=100))
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])

@@ -38,17 +38,12 @@ from condense.methods.s3martcirc.method import (
 )
 
 from .conftest import ORGANISM
-from .tiny import randomize_weights
+from .tiny import moved_token_rows, randomize_weights
 
 VOCAB = 60
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_gpt2(seed=0):
@@ -60,21 +55,8 @@ def tiny_gpt2(seed=0):
 
 
 def synthetic_rows(model, n=6, seed=3):
-    """Random prompts of lengths 4..7 (padded batches); answer/distractor = the tokens the
-    corruption moves most, so that patching matters."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = dict(clean_ids=[], corrupted_ids=[], answer_id=[], distractor_id=[])
-    for i in range(n):
-        T = 4 + i % 4
-        clean = torch.randint(0, VOCAB, (1, T), generator=gen)
-        corrupted = torch.randint(0, VOCAB, (1, T), generator=gen)
-        with torch.no_grad():
-            shift = model(input_ids=clean).logits[0, -1] - model(input_ids=corrupted).logits[0, -1]
-        rows["clean_ids"].append(clean[0].tolist())
-        rows["corrupted_ids"].append(corrupted[0].tolist())
-        rows["answer_id"].append(int(shift.argmax()))
-        rows["distractor_id"].append(int(shift.argmin()))
-    return rows
+    """Random prompts of lengths 4..7 whose answer/distractor the corruption moves most."""
+    return moved_token_rows(model, n, seed, (4, 7), vocab=VOCAB)
 
 
 # ------------------------------------------------------------------ functional importance

@@ -4,41 +4,26 @@ before a model loads, key=value overrides, and the shipped recipes."""
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
-from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 from condense import runs, train
 from condense.methods import methods
 from condense.config import RecipeError
 from condense.graph import Graph
 
-from .conftest import ORGANISM
+from .conftest import tiny_gpt2_folder
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    """A 2-layer random GPT-2 saved with the organism's tokenizer (tasks need its words)."""
-    if not os.path.exists(os.path.join(ORGANISM, "tokenizer.json")):
-        pytest.skip("needs the organism's tokenizer in checkpoints/organism")
-    folder = tmp_path_factory.mktemp("tiny_gpt2")
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(ORGANISM, name)):
-            shutil.copy(os.path.join(ORGANISM, name), folder / name)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tokenizer),
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
-    GPT2LMHeadModel(config).save_pretrained(folder)
-    return str(folder)
+    return tiny_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2"))
 
 
 def write_recipe(folder, **keys):

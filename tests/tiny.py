@@ -18,3 +18,23 @@ def randomize_weights(model, seed=0, scale=1.0):
             else:
                 p.add_(0.2 * noise)
     return model.eval()
+
+
+def moved_token_rows(model, n, seed, lengths=(4, 7), vocab=None):
+    """Random clean/corrupted prompts of `lengths` (so batches are right-padded); answer and
+    distractor = the tokens the corruption moves up and down most, so that the full and the
+    empty circuit differ. A dict of lists (as condense takes rows)."""
+    vocab = vocab or model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    rows = dict(clean_ids=[], corrupted_ids=[], answer_id=[], distractor_id=[])
+    for i in range(n):
+        T = lengths[0] + i % (lengths[1] - lengths[0] + 1)
+        clean = torch.randint(0, vocab, (1, T), generator=gen)
+        corrupted = torch.randint(0, vocab, (1, T), generator=gen)
+        with torch.no_grad():
+            shift = model(input_ids=clean).logits[0, -1] - model(input_ids=corrupted).logits[0, -1]
+        rows["clean_ids"].append(clean[0].tolist())
+        rows["corrupted_ids"].append(corrupted[0].tolist())
+        rows["answer_id"].append(int(shift.argmax()))
+        rows["distractor_id"].append(int(shift.argmin()))
+    return rows

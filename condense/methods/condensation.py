@@ -301,7 +301,7 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
 
 
 class Gate:
-    """Held-out checks against the original model (DESIGN.md §5)."""
+    """Held-out checks against the original model (docs/design.md §5)."""
 
     def __init__(self, model, graph, rows_val, blocks, cfg):
         self.rows, self.blocks, self.cfg = rows_val, blocks, cfg

@@ -36,7 +36,7 @@ clamp(sigmoid(log_alpha) * (r - l) + l, 0, 1) orders them the same way). The wri
 circuit is then Graph.prune()d (edges off every input -> logits path dropped; under
 `patching` this changes no output: a node with no surviving input computes its corrupted
 value, which is what its ablated edges carry). metrics.json has both counts: `edges_kept`
-(K, the thresholding) and `edges` (on a path, DESIGN.md §4).
+(K, the thresholding) and `edges` (on a path, docs/design.md §4).
 
 HAP
 ---
@@ -82,7 +82,7 @@ shape); learning rates 0.1 for the log-alphas and 0.3 for the lambdas (Edge Prun
 saturated gates down together, and at 0.3 they overshoot, see above); the KL is read at the last position only (where the task metric is read, as the
 heal step does), not over a span of positions.
 
-Artifacts (DESIGN.md §6; writes atomic, metrics.json last): circuit.json (MIB; `score` =
+Artifacts (docs/design.md §6; writes atomic, metrics.json last): circuit.json (MIB; `score` =
 P(z != 0) of each edge, 0 for HAP's non-candidates; `in_graph` = the final circuit),
 circuit.png, training.png (expected edges, target and KL per step), training.jsonl (the
 logged steps), state/masks.safetensors (log_alpha [n_senders, n_receivers], -inf where no
@@ -109,7 +109,7 @@ from condense.config import RecipeError, RunConfig, at_least
 from condense.evaluate import dataset_columns, evaluate
 from condense.graph import Graph
 from condense.metrics import last_logits, pad_batch
-from condense.optimize import all_reduce_, fit, shard, world
+from condense.optimize import all_reduce_, fit, shard
 from condense.methods import register
 from condense.patching import run_graph
 from condense.runs import RunContext, log, save_run

@@ -1,6 +1,6 @@
 """Task data: `load_task` for the six behaviours and `general_text` for perplexity guards.
 
-Rows follow DESIGN.md §3: `clean_ids` and `corrupted_ids` of equal length, single-token
+Rows follow docs/design.md §3: `clean_ids` and `corrupted_ids` of equal length, single-token
 `answer_id` and `distractor_id` read at the last position, and the readable texts.
 
 Splits never share a prompt: a prompt belongs to the split that a hash of its clean text

@@ -3,7 +3,7 @@
 A sample carries the evaluation row (clean / corrupted prompt, answer, distractor) and the
 text the organism trains on, with the character spans that carry the loss. Positions and
 lengths vary in every task (several template shapes, variable counts), so a model must use
-content, not fixed offsets (DESIGN.md §3).
+content, not fixed offsets (docs/design.md §3).
 """
 from dataclasses import dataclass, field
 

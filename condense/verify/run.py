@@ -271,7 +271,6 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
-    from condense.graph import Graph
     from condense.patching import compute_means
     from condense.runs import read_run
     from condense.verify.subsets import Progress

@@ -1,6 +1,6 @@
 """Mean logit differences of many sub-circuits of one small circuit, many per forward pass.
 
-Verification (DESIGN.md §7) evaluates up to 2^20 subsets of a circuit C of n edges on the
+Verification (docs/design.md §7) evaluates up to 2^20 subsets of a circuit C of n edges on the
 same prompts. A subset is an integer id: bit i set = edge i on; `SubsetEvaluator.edges`
 lists the edges in bit order. Under the intervention of §2 a receiver r reads
 
@@ -84,7 +84,7 @@ class _Batch:
 
 
 class SubsetEvaluator:
-    """Mean logit difference (DESIGN.md §4) of subsets of `graph`'s in-graph edges on `dataset`.
+    """Mean logit difference (docs/design.md §4) of subsets of `graph`'s in-graph edges on `dataset`.
 
         ev = SubsetEvaluator(model, circuit, rows, intervention="patching")
         ld = ev.mean_logit_diffs(torch.arange(2 ** ev.n_edges))   # [2^n] float64

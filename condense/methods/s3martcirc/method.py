@@ -1,7 +1,7 @@
 """S3martCirc: joint circuit discovery and role assignment over attention heads and MLP neurons,
 as a run of condense/train.py (`method: s3martcirc`).
 
-Every node (head `a{l}.h{h}`, neuron `m{l}.n{i}`; DESIGN.md §1) has three coefficients
+Every node (head `a{l}.h{h}`, neuron `m{l}.n{i}`; docs/design.md §1) has three coefficients
 c = (c_u, c_p, c_f) (unimportant, passthrough, functional) = softmax of three trained logits,
 so they sum to one exactly. In training a node is kept with the soft mask c_p + c_f = 1 - c_u
 (run_graph's node masks: m * clean + (1 - m) * ablated, ablation = the recipe's

@@ -1,5 +1,5 @@
 """Node-level circuit baselines (for S3martCirc, condense/s3martcirc.py): a score for every
-attention head `a{l}.h{h}` and every MLP neuron `m{l}.n{i}` (DESIGN.md §1), and the
+attention head `a{l}.h{h}` and every MLP neuron `m{l}.n{i}` (docs/design.md §1), and the
 node-level evaluation they are compared with.
 
 Nodes are addressed by the node masks of condense.patching.run_graph: head_mask [L, H] mixes a

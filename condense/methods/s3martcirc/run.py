@@ -11,7 +11,6 @@ import torch
 
 from condense.artifacts import atomic_write, write_json
 from condense.config import RecipeError, RunConfig, at_least
-from condense.graph import Graph
 from condense.methods import register
 from condense.runs import RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
@@ -20,18 +19,12 @@ from condense.methods.s3martcirc.node_baselines import (
     circuit_metrics,
     connected_nodes,
     node_circuit_graph,
-    node_names,
     reference_for,
     score_nodes,
 )
 from condense.methods.s3martcirc.method import (
     ROLES,
-    S3Result,
     S3Settings,
-    coefficients,
-    functional_importance,
-    node_fi,
-    roles_of,
     train_s3martcirc,
 )
 
