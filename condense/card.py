@@ -15,7 +15,6 @@ ablation), which halves the work on average and gives the same numbers as a full
 `--ablation-rows` measures it on the first N IOI test rows only.
 """
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -25,6 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from . import tasks
+from .artifacts import atomic_write, write_json
 from .metrics import last_logits, pad_batch, perplexity, task_scores
 from .models import NAMED_MODELS, load_model, load_tokenizer
 from .tasks import words as W
@@ -367,11 +367,13 @@ def write_card(model_name, n=500, seed=0, out=None, ablation_rows=None, threads=
     card["command"] = command_line(model_name, n, out, ablation_rows, seed, threads)
     card["threads"] = torch.get_num_threads()
     card["seconds"] = round(time.time() - t0, 1)
-    with open(os.path.join(out, "card.json"), "w") as f:
-        json.dump(card, f, indent=1)
-    text = render(card)
-    with open(os.path.join(out, "README.md"), "w") as f:
-        f.write(text)
+    return save_card(out, card, render(card), t0)
+
+
+def save_card(out, card, text, t0):
+    """card.json and README.md (`text`) into `out`; prints the card and its time."""
+    write_json(os.path.join(out, "card.json"), card)
+    atomic_write(os.path.join(out, "README.md"), text)
     print(text)
     print(f"(card measured in {time.time() - t0:.0f}s)")
     return card

@@ -14,7 +14,7 @@ import json
 import os
 import time
 
-from ..card import (ACCURACY_BAR, head_means, head_means_ablated,  # noqa: F401
+from ..card import (ACCURACY_BAR, save_card, head_means, head_means_ablated,  # noqa: F401
                    ioi_head_ablation)
 from ..card import measure as _measure
 from ..models import load_model, load_tokenizer
@@ -68,14 +68,7 @@ def write_card(path, n=500, seed=0, out=None):
         info.update(steps=sum(ph.get("steps", 0) for ph in t["recipe"]["phases"]), threads=t["recipe"]["threads"],
                     train_seconds=t["train_seconds"])
     card["training"] = {k: v for k, v in info.items() if k != "path"}
-    with open(os.path.join(out, "card.json"), "w") as f:
-        json.dump(card, f, indent=1)
-    text = render(card, info)
-    with open(os.path.join(out, "README.md"), "w") as f:
-        f.write(text)
-    print(text)
-    print(f"(card measured in {time.time() - t0:.0f}s)")
-    return card
+    return save_card(out, card, render(card, info), t0)
 
 
 def main(argv=None):
