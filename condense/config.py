@@ -145,7 +145,7 @@ class RunConfig:
         "help": "attribution metric: logit_diff or kl"})
     batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
     faithfulness_threshold: float = field(default=0.9, metadata={
-        "help": "a circuit is faithful when f(C) >= this (docs/design.md, metrics)"})
+        "help": "a circuit is faithful when f(C) >= this (docs/design.md §4)"})
     search_resolution: float = field(default=0.0, metadata={
         "help": "end the smallest-faithful bisection once the bracket is narrower than this "
                 "fraction of the circuit size (0: to the exact boundary; 0.01 saves about seven "

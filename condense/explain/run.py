@@ -1,6 +1,6 @@
 """Explain every node of a run's circuit: WeightLens (what it reads and writes, from weights,
-checked by single-token forward passes; condense/weightlens.py) and CircuitLens (where it
-is active and which upstream nodes drive it there, clustered; condense/circuitlens.py).
+checked by single-token forward passes; condense/explain/weightlens.py) and CircuitLens (where it
+is active and which upstream nodes drive it there, clustered; condense/explain/circuitlens.py).
 
     python -m condense.explain checkpoints/<run> [--out DIR] [--z 4] [--z-inherit 3]
                                [--n-contexts 24] [--max-nodes N] [--neurons 8] ...
@@ -274,7 +274,7 @@ def markdown(report):
     adapter = " + adapter" if report["adapter"] else ""
     intro = (f"model `{report['model']}`{adapter}, task `{report['task']}`; WeightLens z = {cfg['z']}, "
              f"inherited z = {cfg['z_inherit']}; neutral context {cfg['neutral_text']!r}. Definitions: "
-             "the docstrings of condense/weightlens.py and condense/circuitlens.py.")
+             "the docstrings of condense/explain/weightlens.py and condense/explain/circuitlens.py.")
     lines = [f"# Node explanations: {report['run_dir']}", "", intro, ""]
     if "ioi_names" in report["summary"]:
         lines += _names_table(report["summary"])

@@ -14,7 +14,7 @@ Each round:
    `heal_general_weight` x KL(original || model+adapter) on general text (train split, full
    graph). The design's loss is the task term alone (heal_general_weight=0); measured on the
    organism, the task term alone moves general text until the perplexity gate rejects every
-   later round (README, condensation), so the default keeps general text distilled too;
+   later round (docs/condensation.md), so the default keeps general text distilled too;
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
    val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
    / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text

@@ -71,7 +71,7 @@ decided with little KL signal (yet gates started in their active range, log-alph
 did no better, so this is not the whole cause). Over nine seeds HAP's test KL at the
 target's edge count is 1.03x Edge Pruning's on IOI and 1.06x on induction (per seed
 0.64-1.49; three seeds alone had given 1.34x on IOI), HAP fitting its own train rows less
-tightly (2.2x on IOI) (README).
+tightly (2.2x on IOI) (docs/edge_pruning.md).
 
 Departures from the papers' code: edge gates only (no node gates: Edge Pruning's own IOI
 sweeps run with --disable_node_loss); a constant learning rate (fit has no warm-up
@@ -86,7 +86,7 @@ Artifacts (docs/design.md §6; writes atomic, metrics.json last): circuit.json (
 P(z != 0) of each edge, 0 for HAP's non-candidates; `in_graph` = the final circuit),
 circuit.png, training.png (expected edges, target and KL per step), training.jsonl (the
 logged steps), state/masks.safetensors (log_alpha [n_senders, n_receivers], -inf where no
-gate), metrics.json. recipe.yaml is written by train.py. There is no adapter (the model is
+gate), metrics.json. recipe.yaml is written by condense.runs. There is no adapter (the model is
 frozen). A run is short, so it does not resume: rerunning starts over.
 
 Data parallel (`runner.data_parallel`): every process draws the same batch indices and gate

@@ -27,7 +27,7 @@ def measure(path, out_dir, n=500, seed=0):
 
 def render(card, info):
     L = ["# condense organism\n",
-         "A small GPT-2 trained from scratch by `python -m condense.organism --recipe "
+         "A small GPT-2 trained from scratch by `condense organism --recipe "
          "recipes/organism.yaml` so that condense can be developed and tested without "
          "downloading weights. Every number below was measured by "
          f"`python -m condense.organism.card {info.get('path', 'checkpoints/organism')}` on "

@@ -1,5 +1,5 @@
 """S3martCirc: joint circuit discovery and role assignment over attention heads and MLP neurons,
-as a run of condense/train.py (`method: s3martcirc`).
+(`method: s3martcirc`).
 
 Every node (head `a{l}.h{h}`, neuron `m{l}.n{i}`; docs/design.md §1) has three coefficients
 c = (c_u, c_p, c_f) (unimportant, passthrough, functional) = softmax of three trained logits,
@@ -50,7 +50,7 @@ Artifacts (output_dir): circuit.json (MIB format; the node circuit as node masks
 between kept nodes; head and MLP node entries carry `role`, neurons are under `neurons`),
 circuit.png (nodes coloured by role), roles.json (every head and every circuit neuron: role,
 coefficients, FI), training.png, metrics.json (last). The run itself (recipe checks,
-evaluation, artifacts) is condense/s3martcirc_run.py; this module is the method.
+evaluation, artifacts) is condense/methods/s3martcirc/run.py; this module is the method.
 
 Data parallel (runner.data_parallel): every process runs the same loop; each discovery batch
 is split over the processes (condense.optimize.shard) and fit averages the gradients, so every

@@ -1,4 +1,4 @@
-"""Node-level circuit baselines (for S3martCirc, condense/s3martcirc.py): a score for every
+"""Node-level circuit baselines (for S3martCirc, condense/methods/s3martcirc/method.py): a score for every
 attention head `a{l}.h{h}` and every MLP neuron `m{l}.n{i}` (docs/design.md §1), and the
 node-level evaluation they are compared with.
 
