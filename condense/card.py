@@ -25,6 +25,7 @@ import torch
 
 from . import tasks
 from .artifacts import atomic_write, write_json
+from .runtime import apply_thread_policy
 from .metrics import last_logits, pad_batch, perplexity, task_scores
 from .models import NAMED_MODELS, load_model, load_tokenizer
 from .tasks import words as W
@@ -347,10 +348,9 @@ def write_card(model_name, n=500, seed=0, out=None, ablation_rows=None, threads=
     `out`. Returns the card (a dict)."""
     t0 = time.time()
     out = out or default_out(model_name)
-    if threads is not None:
-        torch.set_num_threads(threads)
     os.makedirs(out, exist_ok=True)
     model, tokenizer = load_model(model_name), load_tokenizer(model_name)
+    apply_thread_policy(threads, model)
     cfg = model.config
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
     card = dict(measure(model, tokenizer, out, n=n, seed=seed, ablation_rows=ablation_rows,

@@ -11,6 +11,8 @@
   presence means the run finished); main process only;
 - `read_run(folder)`: a finished run's config, circuit and adapter, shared by verify and
   explain; `log(msg)`: the one logger (main process only).
+CPU threads follow condense.runtime's policy unless the recipe sets `threads`; the run writes
+what it used to `runtime.json`.
 """
 import dataclasses
 import os
@@ -25,6 +27,7 @@ from condense.config import RunConfig, read_recipe, to_yaml
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer, model_tag
 from condense.optimize import world
+from condense.runtime import apply_thread_policy
 
 SPLITS = ("train", "val", "test")
 
@@ -80,6 +83,10 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
     model = load_model(cfg.model, dtype=cfg.dtype, device=device)
     for p in model.parameters():
         p.requires_grad_(False)
+    runtime = apply_thread_policy(cfg.threads, model, processes=world()[1])
+    if accelerator is None or accelerator.is_main_process:
+        os.makedirs(out or cfg.output_dir, exist_ok=True)
+        write_json(os.path.join(out or cfg.output_dir, "runtime.json"), dict(runtime, device=str(device)))
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     sizes = dict(train=cfg.n_train, val=cfg.n_val, test=cfg.n_test)
     rows = {split: tasks.load_task(cfg.task, tokenizer, split, n=sizes[split], seed=cfg.seed)
@@ -89,7 +96,8 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
     if cfg.intervention == "mean":  # what a removed edge carries: means over the ranking data
         means = compute_means(model, graph, rows["train"]["clean_ids"], batch_size=cfg.batch_size)
     log(f"{cfg.method} on {cfg.task}: {', '.join(f'{len(rows[s])} {s}' for s in SPLITS)} rows; "
-        f"{cfg.model} on {device}, {graph.n_edges:,} edges")
+        f"{cfg.model} on {device}, {graph.n_edges:,} edges; {runtime['threads']} thread(s) "
+        f"({runtime['why']})")
     return RunContext(cfg, accelerator, out or cfg.output_dir, device, model, tokenizer, rows,
                       graph, means)
 
@@ -125,8 +133,6 @@ def run(cfg: RunConfig) -> Optional[dict]:
     from condense.methods import get
 
     method = get(cfg.method)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     wandb = cfg.report_to == "wandb"
     accelerator = Accelerator(cpu=cfg.device == "cpu", log_with="wandb" if wandb else None)
     set_seed(cfg.seed)
@@ -163,12 +169,14 @@ class RunFolder:
     circuit_path: str
     adapter: bool
 
-    def load_model(self, model: Optional[str] = None, device=None, dtype=None):
-        """(the base model with the run's adapter when it has one, tokenizer, device)."""
+    def load_model(self, model: Optional[str] = None, device=None, dtype=None, threads=None):
+        """(the base model with the run's adapter when it has one, tokenizer, device); CPU
+        threads by condense.runtime's policy unless `threads` is given."""
         cfg = self.config
         model = model or cfg.model
         device = device or cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         net = load_model(model, dtype=dtype or cfg.dtype, device=device)
+        apply_thread_policy(threads, net)
         if self.adapter:
             from peft import PeftModel
             net = PeftModel.from_pretrained(net, self.path).eval()

@@ -5,10 +5,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import condense  # noqa: E402,F401  (before torch: it sets OpenMP's wait policy)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+from condense.runtime import apply_thread_policy  # noqa: E402
+
+apply_thread_policy(None, width=64)  # the suite's models are tiny: the policy's one thread
 
 ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -295,11 +295,11 @@ def markdown(report):
 
 # ---------------------------------------------------------------- a run folder
 
-def load_run(run_dir, model=None, device=None, dtype=None):
+def load_run(run_dir, model=None, device=None, dtype=None, threads=None):
     """(run config, model with the run's adapter, tokenizer, circuit, model name, adapter?)."""
     from condense.runs import read_run
     run = read_run(run_dir, "explain")
-    net, tokenizer, _ = run.load_model(model, device, dtype)
+    net, tokenizer, _ = run.load_model(model, device, dtype, threads)
     return run.config, net, tokenizer, run.circuit(net), model or run.config.model, run.adapter
 
 
@@ -316,11 +316,11 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                 n_neurons=8, neuron_ranking="attribution", split="test", n_task=64, n_general=32,
                 block_size=64,
                 neutral_text=DEFAULT_NEUTRAL, task=None, model=None, device=None, dtype=None,
-                describe=None, seed=0, circuitlens=True, progress=print):
+                describe=None, seed=0, circuitlens=True, progress=print, threads=None):
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     begin = time.perf_counter()
-    recipe, net, tok, graph, model_path, adapter = load_run(run_dir, model, device, dtype)
+    recipe, net, tok, graph, model_path, adapter = load_run(run_dir, model, device, dtype, threads)
     task = task or recipe.task
     intervention = recipe.intervention
     if intervention == "mean":
@@ -400,19 +400,19 @@ def main(argv=None):
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: condense.runtime's policy)")
     ap.add_argument("--describe", default=None,
                     help="module:function turning a node's report into a description (optional)")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     report = explain_run(
         args.run_dir, out_dir=args.out, z=args.z, z_inherit=args.z_inherit, n_contexts=args.n_contexts,
         max_nodes=args.max_nodes, n_neurons=args.neurons, neuron_ranking=args.neuron_ranking,
         split=args.split, n_task=args.n_task,
         n_general=args.n_general, block_size=args.block_size, neutral_text=args.neutral_text,
         task=args.task, model=args.model, device=args.device, dtype=args.dtype,
-        describe=_describer(args.describe), seed=args.seed, circuitlens=not args.no_circuitlens)
+        describe=_describer(args.describe), seed=args.seed, circuitlens=not args.no_circuitlens,
+        threads=args.threads)
     s = report["summary"]
     msg = (f"{s['n_nodes']} nodes explained, {len(s['context_dependent'])} context-dependent; "
            f"{report['seconds']:.1f}s -> {args.out or args.run_dir}/explain.json, explain.md")

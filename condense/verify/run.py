@@ -267,7 +267,7 @@ def plot_pairs(path, report):
 
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
-               method="auto", device=None, dtype=None, out_dir=None, progress=True):
+               method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
@@ -287,7 +287,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     threshold = threshold if threshold is not None else cfg.faithfulness_threshold
     batch_size = batch_size or cfg.batch_size
     seed = cfg.seed
-    net, tokenizer, device = run.load_model(model, device, dtype)
+    net, tokenizer, device = run.load_model(model, device, dtype, threads)
     model_path, adapter = model or cfg.model, run.adapter
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
     graph = run.circuit(net)
@@ -341,17 +341,16 @@ def main(argv=None):
                     help="subset evaluation (condense.verify.subsets); auto = sparse where it applies")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: condense.runtime's policy)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
         report = verify_run(args.run_dir, max_edges=args.max_edges, tau=args.tau, split=args.split,
                             n=args.n, batch_size=args.batch_size, threshold=args.threshold,
                             model=args.model, task=args.task, intervention=args.intervention,
                             method=args.method, device=args.device, dtype=args.dtype,
-                            out_dir=args.out)
+                            out_dir=args.out, threads=args.threads)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
