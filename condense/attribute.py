@@ -66,6 +66,8 @@ as evaluate() applies them. The model is put in eval mode (dropout off) and rest
 Gradients are taken with torch.autograd.grad, so no parameter (a LoRA adapter's included)
 ever receives a .grad.
 """
+from typing import TYPE_CHECKING, Optional
+
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -74,13 +76,17 @@ from condense.evaluate import dataset_columns, row_batches
 from condense.model_parts import model_parts, model_shape
 from condense.patching import INTERVENTIONS, ablated_values, decomposed_forward
 
+if TYPE_CHECKING:
+    from condense.graph import Graph
+
 METHODS = ("eap", "eap_ig_inputs", "eap_ig_activations", "clean_corrupted", "eap_gp", "random")
 METRICS = ("logit_diff", "kl")
 
 
-def attribute(model, graph, dataset, method, ig_steps=5, intervention="patching",
-              metric="logit_diff", batch_size=16, seed=0, means=None, progress=True,
-              gp_step=None, at_circuit=False):
+def attribute(model: torch.nn.Module, graph: "Graph", dataset, method: str, ig_steps: int = 5,
+              intervention: str = "patching", metric: str = "logit_diff", batch_size: int = 16,
+              seed: int = 0, means=None, progress: bool = True, gp_step: Optional[float] = None,
+              at_circuit: bool = False) -> torch.Tensor:
     """Fill `graph.scores` ([n_senders, n_receivers], 0 where no edge exists) with `method`'s
     edge scores on `dataset` (a datasets.Dataset or dict of lists with clean_ids,
     corrupted_ids, answer_id, distractor_id) and return them. See the module docstring for

@@ -93,8 +93,8 @@ def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCEN
     return Curve(fractions, ns, [e for _, e in results], [f for f, _ in results], absolute)
 
 
-def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention="patching",
-            batch_size=32, means=None, reference=None, progress=None):
+def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention: str = "patching",
+            batch_size: int = 32, means=None, reference=None, progress=None) -> dict:
     """MIB's CPR (signed ranking, area under f) and CMD (absolute ranking, area under |1 - f|),
     with both curves; the full/empty reference runs are shared."""
     if reference is None:
@@ -116,8 +116,9 @@ class FaithfulCircuit:
     evaluated: dict = field(default_factory=dict)  # n -> (faithfulness, circuit size)
 
 
-def smallest_faithful(model, graph, dataset, threshold=0.9, absolute=True, intervention="patching",
-                      batch_size=32, means=None, reference=None, progress=None, resolution=0.0):
+def smallest_faithful(model, graph, dataset, threshold: float = 0.9, absolute: bool = True,
+                      intervention: str = "patching", batch_size: int = 32, means=None,
+                      reference=None, progress=None, resolution: float = 0.0) -> FaithfulCircuit:
     """The smallest n whose pruned top-n circuit has faithfulness >= threshold, by search.
 
     Doubling n = 1, 2, 4, ... until a circuit passes, then bisection between the last

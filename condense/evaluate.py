@@ -8,6 +8,7 @@ Rows of different lengths are sorted by length and right-padded per batch.
 """
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,10 @@ def _eval_mode(model):
 
 
 @torch.no_grad()
-def reference_outputs(model, graph, dataset, intervention="patching", batch_size=32, means=None):
+def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str = "patching",
+                      batch_size: int = 32, means=None) -> EvalReference:
+    """The full model's last-position logits and the empty circuit's logit difference on
+    `dataset`: what every circuit's metrics are measured against."""
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
     was_training = _eval_mode(model)
@@ -82,8 +86,9 @@ def reference_outputs(model, graph, dataset, intervention="patching", batch_size
 
 
 @torch.no_grad()
-def evaluate(model, graph, dataset, intervention="patching", batch_size=32, *, means=None,
-             edge_mask=None, reference=None, per_row=False):
+def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patching",
+             batch_size: int = 32, *, means=None, edge_mask: Optional[torch.Tensor] = None,
+             reference: Optional[EvalReference] = None, per_row: bool = False) -> dict:
     """Metrics of the circuit `graph` (or `edge_mask`) on `dataset` (a datasets.Dataset or a dict
     of lists with clean_ids, corrupted_ids, answer_id, distractor_id).
 

@@ -65,7 +65,7 @@ class Graph:
         self.nodes = NodeMap(self)
 
     @classmethod
-    def from_model(cls, model):
+    def from_model(cls, model) -> "Graph":
         """Graph of a supported HF model (or peft model / config); reads only the config."""
         return cls(model_shape(model))
 
@@ -96,7 +96,7 @@ class Graph:
     def n_edges(self):
         return int((self.in_graph & self.valid).sum())
 
-    def count_edges(self, on_path=False):
+    def count_edges(self, on_path: bool = False) -> int:
         """In-graph edges; with on_path=True only those on an input -> logits path (circuit size)."""
         return int(self._on_path().sum()) if on_path else self.n_edges
 
@@ -108,7 +108,7 @@ class Graph:
         touched.index_add_(0, self.receiver_node, edges.any(0).long())
         return touched > 0
 
-    def copy(self):
+    def copy(self) -> "Graph":
         """An independent graph with the same edges, scores and node masks."""
         g = Graph(self.shape)
         g.scores, g.in_graph = self.scores.clone(), self.in_graph.clone()
@@ -124,11 +124,11 @@ class Graph:
         s = self.scores.abs() if absolute else self.scores.clone()
         return s.masked_fill(~self.valid, float("-inf"))
 
-    def apply_threshold(self, threshold, absolute=True):
+    def apply_threshold(self, threshold: float, absolute: bool = True) -> None:
         """Keep edges whose (absolute) score is >= threshold."""
         self.in_graph = self.valid & (self._ranked(absolute) >= threshold)
 
-    def apply_topn(self, n, absolute=True):
+    def apply_topn(self, n: int, absolute: bool = True) -> None:
         """Keep the n highest-scoring edges (by |score| unless absolute=False); n=0 empties."""
         total = int(self.valid.sum())
         if not 0 <= n <= total:
@@ -138,7 +138,7 @@ class Graph:
         self.in_graph[flat.topk(n).indices] = True
         self.in_graph = self.in_graph.view(self.valid.shape) & self.valid
 
-    def apply_greedy(self, n, absolute=True):
+    def apply_greedy(self, n: int, absolute: bool = True) -> None:
         """Grow a graph of n edges from `logits` backwards (EAP-IG's greedy search): repeatedly
         add the best edge into a node already in the graph; its sender joins the graph and
         the sender's own incoming edges become candidates."""
@@ -185,7 +185,7 @@ class Graph:
             bwd[node] = bool((edges[node] & bwd[node_of]).any())
         return edges & fwd[: self.n_senders, None] & bwd[node_of][None, :]
 
-    def prune(self):
+    def prune(self) -> "Graph":
         """Drop in-graph edges not on an input -> logits path, repeated to a fixed point."""
         while True:
             kept = self._on_path()
@@ -195,7 +195,7 @@ class Graph:
             self.in_graph = kept
 
     # ------------------------------------------------------------ MIB JSON
-    def to_json(self, path):
+    def to_json(self, path) -> None:
         """MIB format: cfg, nodes {name: {in_graph}}, edges {name: {score, in_graph}}; atomic
         write, gzipped when the path ends in .gz."""
         nodes_on = self.nodes_in_graph().tolist()
@@ -220,7 +220,7 @@ class Graph:
             atomic_write(path, lambda f: json.dump(d, f))
 
     @classmethod
-    def from_json(cls, path, model):
+    def from_json(cls, path, model) -> "Graph":
         """Load a MIB-format graph for `model` (edges absent from the file are out of the
         graph); a path ending in .gz is read as gzipped JSON."""
         with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
@@ -251,7 +251,7 @@ class Graph:
             raise KeyError(f"no edge {name!r}: {src} is written after {dst} reads")
         return s, r
 
-    def to_image(self, path):
+    def to_image(self, path) -> None:
         """Draw the in-graph edges to a PNG: graphviz (python package and `dot`) when both are
         present, else matplotlib. Nodes sit in rows by layer; line width follows |score|."""
         try:

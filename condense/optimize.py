@@ -9,6 +9,8 @@ equal shares the averaged gradient is the gradient of the whole batch's mean los
 processes take the same steps as one (up to float summation order). Parameters are never
 wrapped in DDP: our forwards are run_graph calls, not model.__call__.
 """
+from typing import Callable, Optional
+
 import torch
 from tqdm.auto import tqdm
 
@@ -43,8 +45,10 @@ def all_reduce_(tensor, op="sum"):
     return tensor
 
 
-def fit(param_groups, loss_fn, steps, *, lr, weight_decay=0.0, desc="train", progress=True,
-        after_step=None, check_finite=True, postfix_every=10, stop_below=None, window=10):
+def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,
+        weight_decay: float = 0.0, desc: str = "train", progress: bool = True,
+        after_step: Optional[Callable] = None, check_finite: bool = True, postfix_every: int = 10,
+        stop_below: Optional[float] = None, window: int = 10) -> list[float]:
     """`steps` AdamW steps; returns the per-step losses (averaged over processes).
 
     param_groups: a list of tensors, or of dicts as torch.optim takes them (per-group `lr`,

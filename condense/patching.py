@@ -528,7 +528,8 @@ class SenderMeans:
 
 
 @torch.no_grad()
-def compute_means(model, graph, sequences, batch_size=32, per_position=True):
+def compute_means(model: torch.nn.Module, graph, sequences, batch_size: int = 32,
+                  per_position: bool = True) -> SenderMeans:
     """Mean sender outputs of the plain model over `sequences` (lists of token ids)."""
     from condense.metrics import pad_batch
     parts = checked_parts(model, graph)
@@ -577,10 +578,13 @@ def resolve_node_mask(mask, default, device, dtype):
     return mask.to(device=device, dtype=dtype)
 
 
-def run_graph(model, graph, clean_ids, corrupted_ids=None, attention_mask=None, *,
-              intervention="patching", edge_mask=None, head_mask=None, neuron_mask=None,
-              means=None, logit_positions=None, ablated_grad=False, receiver_hook=None,
-              capture_receivers=False, return_run=False):
+def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
+              corrupted_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
+              intervention: str = "patching", edge_mask: torch.Tensor | None = None,
+              head_mask: torch.Tensor | None = None, neuron_mask: torch.Tensor | None = None,
+              means: "SenderMeans | None" = None, logit_positions: torch.Tensor | None = None,
+              ablated_grad: bool = False, receiver_hook=None, capture_receivers: bool = False,
+              return_run: bool = False) -> "torch.Tensor | GraphRun":
     """Logits of the circuit model on `clean_ids` [B, T].
 
     edge_mask: [n_senders, n_receivers] in [0, 1] (default graph.in_graph), may require grad.

@@ -103,7 +103,7 @@ def _row(tokenizer, s):
                 heldout_template=s.heldout)
 
 
-def load_task(name, tokenizer, split="test", n=500, seed=0):
+def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int = 0) -> Dataset:
     """`n` distinct rows of task `name` (one of TASKS) from `split`, as a `datasets.Dataset`.
 
     Deterministic for (name, split, seed, tokenizer). Draws that the tokenizer cannot

@@ -149,8 +149,10 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau):
     return report, f, minimal
 
 
-def verify_circuit(model, graph, dataset, *, intervention="patching", means=None, threshold=0.9,
-                   tau=0.05, batch_size=32, method="auto", max_edges=DEFAULT_MAX_EDGES, progress=None):
+def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str = "patching",
+                   means=None, threshold: float = 0.9, tau: float = 0.05, batch_size: int = 32,
+                   method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES,
+                   progress=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n])."""
     from condense.evaluate import reference_outputs
