@@ -60,6 +60,10 @@ edges on), as EAP and EAP-IG do. With at_circuit=True the point is the graph's c
 circuit's mask, the interpolated input moves only along the circuit's input edges, and D_s is
 measured in the circuit's run. Scores of edges in the circuit then estimate what removing each
 one from *the circuit* costs, which is what condensation rounds need once most edges are gone.
+Under patching, the methods that read receiver gradients (eap_ig_inputs, clean_corrupted,
+eap_gp, eap with kl) then score the circuit's edges only (the others get 0): nodes that read
+nothing from the circuit are not recomputed, so a small circuit costs little. EAP and
+eap_ig_activations (mask gradients) score every edge, "adding it back" for edges outside.
 
 Node masks of the graph (head_mask / neuron_mask), if not all ones, are applied in every pass,
 as evaluate() applies them. The model is put in eval mode (dropout off) and restored after.
@@ -150,6 +154,9 @@ class _Attributor:
         self.base = None
         if at_circuit and not bool(graph.in_graph[graph.valid].all()):
             self.base = (graph.in_graph & graph.valid).to(self.device, self.dtype)
+        # at a circuit under patching, nodes that read nothing from it are not recomputed: only
+        # scores of edges outside the circuit would need them (condensation drops those)
+        self.skip_unread = self.base is not None and intervention == "patching"
 
     def _node_mask(self, mask):
         return None if bool((mask == 1).all()) else mask.to(self.device, self.dtype)
@@ -186,7 +193,14 @@ class _Attributor:
         finally:
             bar.close()
             self.model.train(was_training)
+        if self.skip_unread and self._captures(method):  # scored on the circuit only
+            total.mul_(self.base.to("cpu", torch.float64))
         return (total / n).float()
+
+    def _captures(self, method):
+        """Whether `method` reads receiver gradients (captured inputs), not the mask's."""
+        return method in ("eap_ig_inputs", "clean_corrupted", "eap_gp") or (
+            method == "eap" and self.metric == "kl")
 
     # ------------------------------------------------------------ shared passes
     @torch.no_grad()
@@ -204,7 +218,8 @@ class _Attributor:
                                   edge_mask=edge_mask, head_mask=self.head_mask,
                                   neuron_mask=self.neuron_mask, input_delta=delta,
                                   capture_receivers=capture,
-                                  logit_positions=None if all_positions else b.last)
+                                  logit_positions=None if all_positions else b.last,
+                                  skip_unread=self.skip_unread)
 
     @torch.no_grad()
     def _clean_run(self, b, ablated):

@@ -282,7 +282,8 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
       stored as its sum (the heads' summed output is o_proj(z) - o_proj(0));
     - with `skip_unread` (`ablated` is the same model's run on the corrupted prompt, i.e.
       patching), a node whose receivers read only ablated senders is not recomputed: its
-      clean value is its ablated one.
+      clean value is its ablated one. This one also applies with `capture_receivers` (the
+      skipped node's receivers are not captured).
     Returns (logits or None, clean SenderValues, captured (receivers, x) pairs). Entries of
     the clean SenderValues that were not computed hold the ablated value or None."""
     B, T = ids.shape
@@ -302,7 +303,11 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
     captured = []
     per_receiver = patched and (edge_mask.requires_grad or capture_receivers
                                 or receiver_hook is not None)
-    skip_unread = skip_unread and patched and not per_receiver
+    # nodes that read only ablated senders are skipped under capture too (their receivers are
+    # not captured: their gradients matter only for edges outside the circuit), not when the
+    # mask itself needs a gradient or a hook may change what a receiver reads
+    skip_unread = (skip_unread and patched and not edge_mask.requires_grad
+                   and receiver_hook is None)
     plan = None
     if patched:
         diffs = _SenderDiffs(graph.n_senders, B * T * x_in.shape[-1], x_in)
