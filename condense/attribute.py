@@ -266,8 +266,9 @@ class _Attributor:
         g = self.graph
         scores = torch.zeros(g.n_senders, g.n_receivers, dtype=self.wide, device=self.device)
         flat = diff.flatten(1)
-        for receivers, grad in grad_sums:
-            n = int(g.valid[:, receivers.start].sum())  # senders written before this group
+        for receivers, grad in grad_sums:  # a slice of receivers, or indices within one layer
+            first = receivers.start if isinstance(receivers, slice) else int(receivers[0])
+            n = int(g.valid[:, first].sum())  # senders written before this group
             scores[:n, receivers] = flat[:n] @ grad.flatten(1).T
         return scores
 

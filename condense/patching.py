@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from condense.model_parts import (heads_output_sum, model_parts, model_shape, project_per_head,
-                                  project_shared, split_heads_output)
+from condense.model_parts import (Projection, heads_output_sum, model_parts, model_shape,
+                                  project_per_head, project_shared, split_heads_output)
 
 INTERVENTIONS = ("patching", "mean", "zero")
 
@@ -97,7 +97,7 @@ class _SenderDiffs:
         if self.contiguous:
             return edge_mask[: self.n, receivers]
         rows = torch.tensor(self.senders, device=edge_mask.device)
-        return edge_mask[rows, receivers]
+        return edge_mask.index_select(0, rows)[:, receivers]
 
 
 def _unique_columns(m):
@@ -229,6 +229,11 @@ def _attend(parts, lp, q, k, v, rotary, mask):
 
 def at_least_fp32(dtype):
     return torch.promote_types(dtype, torch.float32)
+
+
+def _heads_of(proj, heads):
+    """The projection restricted to query heads `heads` (each still reads its own KV head)."""
+    return Projection(proj.module, proj.offset, proj.head_of.to(heads.device)[heads])
 
 
 def _gemma2_head_outputs(norm, out, const):
@@ -398,6 +403,32 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
     def one(r):
         return slice(r, r + 1)
 
+    def active_heads(receivers):
+        """Indices of the heads of a layer whose q, k or v reads a sender (skip_unread), or None
+        when all do: the others compute exactly their ablated z."""
+        reads = diffs.mask_rows(edge_mask, receivers).detach().any(0).view(3, H).any(0)
+        return None if bool(reads.all()) else reads.nonzero().flatten()
+
+    def attend_heads(lp, l, heads):
+        """z [B, T, H or len(heads), dh] of the layer's heads (all when `heads` is None)."""
+        receivers = graph.attn_receivers(l)
+        if heads is not None:  # their q, then k, then v receivers
+            receivers = receivers.start + torch.cat([heads, heads + H, heads + 2 * H])
+        n_heads = H if heads is None else len(heads)
+        x = receiver_input(receivers, shared_ok=True)
+        if x.shape[0] > 1:  # different inputs: q of every head, then k, then v
+            xn = lp.attn_norm(x).view(3, n_heads, B, T, -1)
+            projections = (lp.q, lp.k, lp.v) if heads is None else (
+                _heads_of(lp.q, heads), _heads_of(lp.k, heads), _heads_of(lp.v, heads))
+            # unbind, not xn[i]: each indexing's backward would zero-fill a tensor of xn's size
+            q, k, v = (project_per_head(p, xi, dh) for xi, p in zip(xn.unbind(0), projections))
+        else:  # every head reads the same input: the model's own projections
+            xn = lp.attn_norm(x[0])
+            q, k, v = (project_shared(p, xn, dh) for p in (lp.q, lp.k, lp.v))
+            if heads is not None:
+                q, k, v = (t[:, :, heads] for t in (q, k, v))
+        return _attend(parts, lp, q, k, v, rotary[l], masks[lp.sliding_window])
+
     if mode(0) == "none":
         add_block(None, 0, skipped=True)
     else:
@@ -410,15 +441,12 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
             if lp.post_attn_norm is None:  # o_proj(0) is the same in every run: keep it
                 add_const(split_heads_output(lp.o_proj, ablated.z[l][:1, :1])[1])
         else:
-            x = receiver_input(graph.attn_receivers(l), shared_ok=True)
-            if x.shape[0] > 1:  # 3H different inputs: q of every head, then k, then v
-                xn = lp.attn_norm(x).view(3, H, B, T, -1)
-                # unbind, not xn[i]: each indexing's backward would zero-fill a tensor of xn's size
-                q, k, v = (project_per_head(p, xi, dh) for xi, p in zip(xn.unbind(0), (lp.q, lp.k, lp.v)))
-            else:  # every head reads the same input: the model's own projections
-                xn = lp.attn_norm(x[0])
-                q, k, v = (project_shared(p, xn, dh) for p in (lp.q, lp.k, lp.v))
-            z = _attend(parts, lp, q, k, v, rotary[l], masks[lp.sliding_window])
+            active = active_heads(graph.attn_receivers(l)) if skip_unread else None
+            if active is not None:  # only the heads that read something are recomputed
+                z = ablated.z[l].expand(B, T, H, dh).clone()
+                z[:, :, active] = attend_heads(lp, l, active)
+            else:
+                z = attend_heads(lp, l, None)
             if head_mask is not None:
                 z_abl = ablated.z[l]
                 z = z_abl + head_mask[l][:, None] * (z - z_abl)
