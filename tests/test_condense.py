@@ -318,3 +318,33 @@ def test_init_circuit_and_rejected_candidates_are_not_reheal(tiny_model, tmp_pat
     assert all(r["note"].startswith("skipped: the same edges") for r in rounds[1:])
     assert all(r["edges"] == rounds[0]["edges"] for r in rounds)
     assert metrics["edges"] == 3 and _edges(out) == ["input->logits", "input->m0", "m0->logits"]
+
+
+def test_shortcuts_heal_if_needed_early_rank_method_and_rank_rows(tiny_model, tmp_path, monkeypatch):
+    """heal_if_needed heals only candidates the gate rejects unhealed; early_rank_method ranks
+    while the circuit is larger than early_rank_edges; rank_rows limits the ranking rows."""
+    seen = []
+    real = condense_trainer.attribute
+
+    def spy(model, graph, rows, method, **kw):
+        seen.append((graph.count_edges(on_path=True), method, len(rows)))
+        return real(model, graph, rows, method, **kw)
+    monkeypatch.setattr(condense_trainer, "attribute", spy)
+    healed = []
+    real_heal = condense_trainer.heal
+    monkeypatch.setattr(condense_trainer, "heal", lambda *a, **k: healed.append(1) or real_heal(*a, **k))
+    out = str(tmp_path / "lax")  # every candidate passes unhealed: nothing is healed
+    _run(_recipe(tmp_path, tiny_model, max_rounds=3, heal_if_needed=True, rank_rows=4,
+                 early_rank_method="eap", early_rank_edges=30), f"output_dir={out}")
+    rounds = _rounds(out)
+    assert all(r["accepted"] and r["note"] == "accepted before healing" for r in rounds)
+    assert healed == [] and all(r["heal_loss"] is None for r in rounds)
+    assert all(n == 4 for _, _, n in seen)
+    assert [m for _, m, _ in seen] == ["eap" if e > 30 else "eap_ig_inputs" for e, _, _ in seen]
+    assert {"eap", "eap_ig_inputs"} == {m for _, m, _ in seen}
+    seen.clear()
+    out = str(tmp_path / "strict")  # the unhealed candidate fails the faithfulness gate: heal
+    _run(_recipe(tmp_path, tiny_model, max_rounds=2, heal_if_needed=True, gate_faithfulness=0.999),
+         f"output_dir={out}")
+    rounds = _rounds(out)
+    assert healed and any(r["note"].startswith("healed") and r["heal_loss"] is not None for r in rounds)

@@ -15,6 +15,8 @@ Each round:
    graph). The design's loss is the task term alone (heal_general_weight=0); measured on the
    organism, the task term alone moves general text until the perplexity gate rejects every
    later round (docs/condensation.md), so the default keeps general text distilled too;
+   With `heal_if_needed` the candidate is gated first and healed only when that gate rejects
+   it (the accepted-unhealed rounds are logged);
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
    val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
    / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text
@@ -117,6 +119,17 @@ class CondenseConfig(RunConfig):
     init_circuit: Optional[str] = field(default=None, metadata={
         "help": "start from this circuit.json (e.g. an edge_pruning or hap run's) "
                 "instead of the full graph (null: the full graph)"})
+    # shortcuts for large models (each off by default: the design's loop)
+    rank_rows: Optional[int] = field(default=None, metadata={
+        "help": "rank on the first this many train rows (null: all of them; heal uses all)"})
+    early_rank_method: Optional[str] = field(default=None, metadata={
+        "help": "attribution method for rounds whose circuit has more than early_rank_edges "
+                "edges, e.g. eap (one pass instead of EAP-IG's ig_steps; null: EAP-IG always)"})
+    early_rank_edges: int = field(default=0, metadata={
+        "help": "circuit size above which early_rank_method ranks"})
+    heal_if_needed: bool = field(default=False, metadata={
+        "help": "gate each candidate before healing it and accept it unhealed when it passes "
+                "(heal only what the gate rejects); false: heal every round"})
 
     def check(self):
         """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
@@ -137,6 +150,13 @@ class CondenseConfig(RunConfig):
             bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
         if self.init_circuit and not os.path.exists(self.init_circuit):
             bad("init_circuit", "no such circuit.json")
+        if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
+            bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
+        if self.early_rank_method is not None:
+            from condense.attribute import METHODS
+            if self.early_rank_method not in METHODS:
+                bad("early_rank_method", f"must be one of {', '.join(METHODS)} or null")
+        at_least(self, "early_rank_edges", 0)
 
 
 # residual-stream writers per model family (attention output and MLP down projections)
@@ -213,13 +233,23 @@ def last_logprobs(model, rows, batch_size):
 
 
 # ------------------------------------------------------------------ the four phases
+def rank_method(graph, cfg):
+    """EAP-IG, or `early_rank_method` while the circuit has more than `early_rank_edges` edges."""
+    if cfg.early_rank_method and graph.count_edges(on_path=True) > cfg.early_rank_edges:
+        return cfg.early_rank_method
+    return "eap_ig_inputs"
+
+
 def rank(model, graph, rows, cfg, progress=True):
-    """EAP-IG scores into graph.scores; pruned (not in_graph) edges' scores set to 0. With
-    several processes each scores its share of the rows and the sums are all-reduced."""
+    """Scores (EAP-IG, see rank_method) into graph.scores; pruned (not in_graph) edges' scores
+    set to 0. With several processes each scores its share of the rows and the sums are
+    all-reduced. `rank_rows` limits the rows."""
+    if cfg.rank_rows is not None and cfg.rank_rows < len(rows):
+        rows = rows.select(range(cfg.rank_rows))
     n = len(rows)
     mine = shard(list(range(n)))
     local = rows.select(mine) if len(mine) < n else rows
-    scores = attribute(model, graph, local, "eap_ig_inputs", ig_steps=cfg.ig_steps,
+    scores = attribute(model, graph, local, rank_method(graph, cfg), ig_steps=cfg.ig_steps,
                        intervention=cfg.intervention, metric=cfg.metric,
                        batch_size=cfg.batch_size, seed=cfg.seed, progress=progress and is_main(),
                        at_circuit=cfg.rank_at_circuit)
@@ -415,13 +445,15 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "heal_batch_size", "lora_rank", "lora_alpha", "lora_targets",
                "gate_accuracy_tol", "gate_ppl_ratio", "n_general", "init_circuit", "rank_at_circuit",
                "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
-               "heal_stop_loss", "gate_faithfulness")
+               "heal_stop_loss", "gate_faithfulness", "rank_rows", "early_rank_method",
+               "early_rank_edges", "heal_if_needed")
+# a key at this value is left out of the fingerprint, so a state written before it existed resumes
+OFF = dict(gate_faithfulness=0.0, rank_rows=None, early_rank_method=None, early_rank_edges=0,
+           heal_if_needed=False)
 
 
 def _fingerprint(cfg):
-    # keys at their off value are left out, so a state written before the key existed resumes
-    return {k: getattr(cfg, k) for k in RESUME_KEYS
-            if not (k == "gate_faithfulness" and not cfg.gate_faithfulness)}
+    return {k: getattr(cfg, k) for k in RESUME_KEYS if not (k in OFF and getattr(cfg, k) == OFF[k])}
 
 
 # ------------------------------------------------------------------ pictures
@@ -516,10 +548,16 @@ class _Loop:
             if cfg.prune and key in state.get("rejected_since_accept", []):
                 raise _Skip("the same edges as a cut already rejected since the last accepted "
                             "round (a smaller cut removes the same edges)")
-            if cfg.heal:
+            ok, g = (self.gate(model, candidate) if cfg.heal_if_needed or not cfg.heal
+                     else (False, None))
+            if cfg.heal and not ok:
+                if cfg.heal_if_needed:
+                    note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
                               general_blocks=self.train_blocks)
-            ok, g = self.gate(model, candidate)
+                ok, g = self.gate(model, candidate)
+            elif cfg.heal:
+                note = "accepted before healing"
         except (HealDiverged, _Skip) as e:  # _Skip: decided without heal or gate (resume-safe)
             note = f"heal diverged: {e}" if isinstance(e, HealDiverged) else f"skipped: {e}"
             ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
