@@ -321,3 +321,24 @@ def test_cli_end_to_end(tmp_path, organism_tokenizer, with_adapter):
     assert abs(report["logit_diff_circuit"] - want["logit_diff"]) < TOL
     assert abs(report["faithfulness_circuit"] - want["faithfulness"]) < 1e-3
     assert abs(report["logit_diff_full_model"] - want["logit_diff_full"]) < TOL
+
+
+def test_accuracy_criterion_and_the_runs_own_rule():
+    """Subsets pass by accuracy (condensation's gate) when asked; a condensation run is
+    verified by its gate's rule, a scoring run by faithfulness."""
+    from condense.methods.condensation import CondenseConfig
+    from condense.methods.scoring import ScoringConfig
+    from condense.verify.run import run_criterion
+    # two edges: ids 0 (none), 1 (edge 0), 2 (edge 1), 3 (both)
+    ld = torch.tensor([0.0, 0.95, 0.2, 1.0], dtype=torch.float64)
+    acc = torch.tensor([0.5, 0.7, 0.96, 0.97], dtype=torch.float64)
+    by_f, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, 0.9, 0.05)
+    by_acc, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, None, 0.05, acc, 0.95)
+    both, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, 0.9, 0.05, acc, 0.95)
+    assert by_f["minimal_faithful_subsets"] == [["a"]]
+    assert by_acc["minimal_faithful_subsets"] == [["b"]] and by_acc["accuracy_circuit"] == 0.97
+    assert both["minimal_faithful_subsets"] == [["a", "b"]] and both["irreducible"]
+    assert run_criterion(CondenseConfig(gate_accuracy_tol=0.03)) == dict(
+        criterion="accuracy", accuracy_tol=0.03, threshold=0.9)
+    assert run_criterion(CondenseConfig(gate_faithfulness=0.8))["criterion"] == "both"
+    assert run_criterion(ScoringConfig())["criterion"] == "faithfulness"

@@ -75,6 +75,7 @@ from condense.runs import RunContext, log
 @dataclass
 class CondenseConfig(RunConfig):
     """Condensation's keys (the module docstring describes the loop)."""
+    method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
     heal: bool = field(default=True, metadata={
         "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
     prune: bool = field(default=True, metadata={

@@ -378,6 +378,7 @@ def search(model, rows, cfg, hap=False, means=None, progress=True):
 @dataclass
 class EdgePruningConfig(RunConfig):
     """Edge Pruning's keys (the module docstring describes the search)."""
+    method: str = field(default="edge_pruning", metadata={"help": "edge_pruning (this config's method)"})
     ep_steps: int = field(default=1000, metadata={
         "help": "AdamW steps of the mask training (hap: see hap_steps)"})
     ep_lr: float = field(default=0.1, metadata={
@@ -415,6 +416,7 @@ class EdgePruningConfig(RunConfig):
 @dataclass
 class HAPConfig(EdgePruningConfig):
     """HAP: Edge Pruning over the top edges of an attribution (its candidates)."""
+    method: str = field(default="hap", metadata={"help": "hap (this config's method)"})
     hap_attribution: str = field(default="eap", metadata={
         "help": "attribution method that ranks the candidate edges (eap as in the HAP "
                 "paper; any condense.attribute method)"})

@@ -3,13 +3,19 @@
     python -m condense.verify checkpoints/<run> [--max-edges 20] [--tau 0.05] [--split test]
                               [--n 200] [--threshold F] [--model M] [--task T] ...
 
-Reads the run's `circuit.json` and `recipe.yaml` (model, task, intervention,
-faithfulness_threshold, seed; flags override them), loads the model with the run's adapter
-when the folder has one, and on `--n` rows of `--split`:
+Reads the run's `circuit.json` and `recipe.yaml` (model, task, intervention, its acceptance
+rule, seed; flags override them), loads the model with the run's adapter when the folder has
+one, and on `--n` rows of `--split`:
 - exhaustive subsets: every subset of the circuit's n in-graph edges (2^n, so n is limited to
-  --max-edges, checked before anything loads) is judged by the run's faithfulness rule,
-  f(S) = (LD(S) - LD(∅)) / (LD(full) - LD(∅)) >= threshold on the mean logit difference;
-  reported: the minimal faithful subsets (faithful, no proper subset faithful), whether the
+  --max-edges, checked before anything loads) is judged by the rule the run accepted its
+  circuit with (`--criterion run`): for one-shot scoring, faithfulness
+  f(S) = (LD(S) - LD(∅)) / (LD(full) - LD(∅)) >= threshold on the mean logit difference; for
+  condensation, its gate: accuracy within gate_accuracy_tol of the full model's (and
+  f >= gate_faithfulness when the run gated on it), so that the circuit the gate accepted is
+  judged by the same rule and "irreducible" is a finding, not a consequence of a stricter
+  rule. `--criterion faithfulness|accuracy|both` chooses another. "Faithful" in verify.json
+  means "passes the criterion" (`criterion`, `threshold`, `accuracy_floor` say which).
+  Reported: the minimal faithful subsets (faithful, no proper subset faithful), whether the
   circuit is irreducible (no proper subset faithful), faithful subsets per size;
 - pairwise ablation: with m the mean logit difference, Δi = m(C∖{i}) - m(C) and
   Δij = m(C∖{i,j}) - m(C); the pair interacts when |Δij - Δi - Δj| > τ·|m(C) - m(∅)|;
@@ -102,13 +108,17 @@ def _median(values):
     return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def analyse(ld, names, ld_full, ld_empty, threshold, tau):
+def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accuracy_floor=None):
     """Report (a dict for verify.json) and the per-subset faithfulness, from the mean logit
-    difference `ld` [2^n] of every subset id and the reference LD(full), LD(∅)."""
+    difference `ld` [2^n] of every subset id and the reference LD(full), LD(∅). A subset
+    passes ("faithful" in the report) when f >= `threshold` (None: not required) and, given
+    `accuracy` [2^n] and `accuracy_floor`, its accuracy >= that floor."""
     n = len(names)
     denom = ld_full - ld_empty
     f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
-    faithful = f >= threshold
+    faithful = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
+    if accuracy_floor is not None:
+        faithful &= accuracy >= accuracy_floor - 1e-12
     proper = proper_subset_faithful(faithful, n)
     minimal = faithful & ~proper
     sizes = subset_sizes(n)
@@ -128,7 +138,8 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau):
     for p in pairs["pairs"]:
         p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
     report = dict(
-        n_edges=n, edges=names, threshold=threshold, tau=tau,
+        n_edges=n, edges=names, threshold=threshold, tau=tau, accuracy_floor=accuracy_floor,
+        accuracy_circuit=float(accuracy[full]) if accuracy is not None else None,
         logit_diff_full_model=ld_full, logit_diff_empty=ld_empty,
         logit_diff_circuit=float(ld[full]), faithfulness_circuit=float(f[full]),
         circuit_faithful=bool(faithful[full]),
@@ -149,12 +160,20 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau):
     return report, f, minimal
 
 
+CRITERIA = ("run", "faithfulness", "accuracy", "both")
+
+
 def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str = "patching",
                    means=None, threshold: float = 0.9, tau: float = 0.05, batch_size: int = 32,
-                   method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES,
-                   progress=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES, progress=None,
+                   criterion: str = "faithfulness",
+                   accuracy_tol: float = 0.05) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
+    A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
+    within `accuracy_tol` of the full model's, condensation's gate) or "both".
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n])."""
+    if criterion not in CRITERIA[1:]:
+        raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     from condense.evaluate import reference_outputs
     from condense.verify.subsets import SubsetEvaluator
 
@@ -168,15 +187,22 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     full = reference.full_logits
     ld_full = float((full.gather(1, cols_answer[:, None]) - full.gather(1, cols_distractor[:, None])).mean())
     ld_empty = float(reference.empty_logit_diff.mean())
+    accuracy_full = float(((full.gather(1, cols_answer[:, None])
+                            - full.gather(1, cols_distractor[:, None])) > 0).double().mean())
     reference_s = time.perf_counter() - start
 
     n = evaluator.n_edges
     start = time.perf_counter()
-    ld = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress)
+    ld, accuracy = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress,
+                                              with_accuracy=True)
     subsets_s = time.perf_counter() - start
     start = time.perf_counter()
-    report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, threshold, tau)
+    report, f, minimal = analyse(
+        ld, evaluator.edge_names, ld_full, ld_empty,
+        threshold if criterion in ("faithfulness", "both") else None, tau, accuracy,
+        accuracy_full - accuracy_tol if criterion in ("accuracy", "both") else None)
     report.update(
+        criterion=criterion, accuracy_full_model=accuracy_full,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
         n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
         bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
@@ -267,10 +293,24 @@ def plot_pairs(path, report):
 
 # ---------------------------------------------------------------- a run folder
 
+def run_criterion(cfg) -> dict:
+    """How the run accepted its circuit, so that verification judges subsets the same way: a
+    condensation run's gate (val accuracy within gate_accuracy_tol of the original's, and
+    f >= gate_faithfulness when that is set; its perplexity guard does not depend on the
+    subset), otherwise faithfulness f >= faithfulness_threshold (the smallest-faithful search)."""
+    if cfg.method == "condense":
+        both = cfg.gate_faithfulness > 0
+        return dict(criterion="both" if both else "accuracy", accuracy_tol=cfg.gate_accuracy_tol,
+                    threshold=cfg.gate_faithfulness if both else cfg.faithfulness_threshold)
+    return dict(criterion="faithfulness", accuracy_tol=0.05, threshold=cfg.faithfulness_threshold)
+
+
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
-               method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None):
-    """Verify `run_dir`'s circuit.json (see the module docstring); returns the report."""
+               method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
+               criterion="run"):
+    """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
+    criterion "run": the criterion the run itself used to accept its circuit (see run_criterion)."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     from condense.patching import compute_means
@@ -286,7 +326,13 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     cfg = run.config
     task = task or cfg.task
     intervention = intervention or cfg.intervention
-    threshold = threshold if threshold is not None else cfg.faithfulness_threshold
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
+    run_rule = run_criterion(cfg)
+    criterion = run_rule["criterion"] if criterion == "run" else criterion
+    if threshold is None:
+        threshold = (run_rule["threshold"] if criterion == run_rule["criterion"]
+                     else cfg.faithfulness_threshold)
     batch_size = batch_size or cfg.batch_size
     seed = cfg.seed
     net, tokenizer, device = run.load_model(model, device, dtype, threads)
@@ -302,7 +348,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     show = Progress(f"verify {graph.n_edges} edges") if progress else None
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
-        batch_size=batch_size, method=method, max_edges=max_edges, progress=show)
+        batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"])
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, task=task, split=split,
                   seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
@@ -334,7 +381,12 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=200, help="task rows")
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per pass (recipe's)")
     ap.add_argument("--threshold", type=float, default=None,
-                    help="faithfulness threshold (recipe's faithfulness_threshold, else 0.9)")
+                    help="faithfulness threshold (the run's: its gate_faithfulness or "
+                         "faithfulness_threshold)")
+    ap.add_argument("--criterion", default="run", choices=CRITERIA,
+                    help="when a subset passes: the run's own rule (condensation: its gate's "
+                         "accuracy, plus faithfulness if it gated on it; other runs: faithfulness), "
+                         "or faithfulness / accuracy / both")
     ap.add_argument("--model", default=None, help="base model (recipe's model)")
     ap.add_argument("--task", default=None, help="task (recipe's task)")
     ap.add_argument("--intervention", default=None, choices=("patching", "mean", "zero"),
@@ -352,11 +404,13 @@ def main(argv=None):
                             n=args.n, batch_size=args.batch_size, threshold=args.threshold,
                             model=args.model, task=args.task, intervention=args.intervention,
                             method=args.method, device=args.device, dtype=args.dtype,
-                            out_dir=args.out, threads=args.threads)
+                            out_dir=args.out, threads=args.threads, criterion=args.criterion)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
-    print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}; "
+    print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
+          f"{report['accuracy_circuit']:.3f} (model {report['accuracy_full_model']:.3f}); passes "
+          f"the {report['criterion']} criterion: {report['circuit_faithful']}; "
           f"{'irreducible' if report['irreducible'] else 'reducible'}; "
           f"{report['n_minimal_faithful_subsets']} minimal faithful subsets; "
           f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median partners "

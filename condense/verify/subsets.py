@@ -168,10 +168,11 @@ class SubsetEvaluator:
 
     # ------------------------------------------------------------ public entry point
     @torch.no_grad()
-    def mean_logit_diffs(self, subsets, progress=None):
+    def mean_logit_diffs(self, subsets, progress=None, with_accuracy=False):
         """Mean LD over the dataset's rows of each subset: `subsets` is int64 ids [N] (bit i =
-        edge i) or bool masks [N, n_edges]. Returns float64 [N] on the CPU. `progress(done,
-        total)` is called after each pass, in units of subset x prompt."""
+        edge i) or bool masks [N, n_edges]. Returns float64 [N] on the CPU, and with
+        `with_accuracy` also each subset's accuracy (fraction of rows with LD > 0).
+        `progress(done, total)` is called after each pass, in units of subset x prompt."""
         device = next(self.model.parameters()).device
         if subsets.dtype == torch.bool:
             if subsets.dim() != 2 or subsets.shape[1] != self.n_edges:
@@ -181,6 +182,7 @@ class SubsetEvaluator:
         subsets = subsets.to(device)
         N = subsets.shape[0]
         totals = torch.zeros(N, dtype=torch.float64)
+        correct = torch.zeros(N, dtype=torch.float64)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -198,12 +200,15 @@ class SubsetEvaluator:
                     else:
                         ld = self._dense_pass(batch, clean, attn_mask, masks)
                     totals[start:start + len(chunk)] += ld.double().sum(0).cpu()
+                    correct[start:start + len(chunk)] += (ld > 0).double().sum(0).cpu()
                     done += len(chunk) * len(idx)
                     if progress is not None:
                         progress(done, N * self.n_rows)
         finally:
             self._weights = None
             self.model.train(was_training)
+        if with_accuracy:
+            return totals / self.n_rows, correct / self.n_rows
         return totals / self.n_rows
 
     def _subsets_per_pass(self, B):

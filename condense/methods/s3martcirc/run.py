@@ -153,6 +153,7 @@ def done_when(s3, compared):
 @dataclass
 class S3Config(RunConfig):
     """S3martCirc's keys and those of its node baselines."""
+    method: str = field(default="s3martcirc", metadata={"help": "s3martcirc (this config's method)"})
     s3_lr: float = field(default=0.005, metadata={
         "help": "AdamW learning rate of the node coefficient logits (paper: 0.005)"})
     s3_weight_decay: float = field(default=5e-4, metadata={
