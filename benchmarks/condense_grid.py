@@ -1,0 +1,165 @@
+"""Condensation on SmolLM2-135M beside the published grid: C1, C0 and heal-only per task and
+seed, against EAP-IG's smallest faithful circuit, and the verifier on every small C1.
+
+    HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py [--tasks ioi,agreement,induction,docstring]
+        [--seeds 0] [--variants c1,c0,heal_only] [--out runs/condense_grid] [--max-verify 20]
+        [--keep] [--json PATH] [key=value ...]
+
+Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
+[key=value ...] output_dir=<out>/<variant>_<task>_s<seed>` in its own process, one after the
+other; a finished run (metrics.json) is not rerun, and an interrupted one resumes. C0 is
+`heal=false`; heal-only is `prune=false heal_if_needed=false` (heal the full graph, then rank
+and take the smallest faithful circuit). Every C1 with at most --max-verify edges is verified
+(`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
+checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
+ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
+7.4x. `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
+checkpoints/condense_smollm2_<task>/ (seed 0 only).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+VARIANTS = {"c1": [], "c0": ["heal=false"], "heal_only": ["prune=false", "heal_if_needed=false"]}
+PAPER = dict(eap_ig_over_c1=8.1, eap_ig_over_c0=7.4)
+KEEP = ("adapter_config.json", "adapter_model.safetensors", "circuit.json", "circuit.png",
+        "metrics.json", "rounds.jsonl", "rounds.png", "recipe.yaml", "runtime.json", "verify.json",
+        "verify_subsets.png", "verify_pairs.png")
+
+
+def _env():
+    return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled")
+
+
+def run_one(out, variant, task, seed, extra):
+    folder = os.path.join(out, f"{variant}_{task}_s{seed}")
+    if os.path.exists(os.path.join(folder, "metrics.json")):
+        return folder
+    os.makedirs(out, exist_ok=True)
+    cmd = [sys.executable, "-m", "condense.cli", "run", "--recipe",
+           os.path.join(ROOT, "recipes", "condense", f"smollm2_{task}.yaml"), f"seed={seed}",
+           *VARIANTS[variant], *extra, f"output_dir={folder}"]
+    start = time.time()
+    with open(folder + ".log", "a") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT).returncode
+    print(f"[grid] {variant} {task} seed {seed}: exit {rc} after {time.time() - start:.0f}s", flush=True)
+    return folder
+
+
+def verify(folder, max_edges):
+    with open(os.path.join(folder, "metrics.json")) as f:
+        if json.load(f)["edges"] > max_edges:
+            return None
+    if not os.path.exists(os.path.join(folder, "verify.json")):
+        subprocess.run([sys.executable, "-m", "condense.cli", "verify", folder, "--max-edges",
+                        str(max_edges)], env=_env(), cwd=ROOT, check=True)
+    with open(os.path.join(folder, "verify.json")) as f:
+        return json.load(f)
+
+
+def _load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def row_of(out, task, seed, max_verify):
+    runs = {v: _load(os.path.join(out, f"{v}_{task}_s{seed}", "metrics.json")) for v in VARIANTS}
+    eap_ig = _load(os.path.join(ROOT, "checkpoints", f"eap_ig_smollm2_{task}", "metrics.json"))
+    c1 = runs["c1"]
+    row = dict(task=task, seed=seed, eap_ig_edges=eap_ig["edges"] if eap_ig else None,
+               **{f"{v}_edges": (m["edges"] if m else None) for v, m in runs.items()})
+    if c1:
+        row.update(accuracy=c1["accuracy"], accuracy_original=c1["accuracy_original"],
+                   kl=c1["kl"], top1_agreement=c1["top1_agreement"], ppl_ratio=c1["ppl_ratio"],
+                   faithfulness=c1["faithfulness"], wall_seconds=c1["wall_seconds"],
+                   rounds=c1["rounds"])
+        report = verify(os.path.join(out, f"c1_{task}_s{seed}"), max_verify)
+        if report:
+            pairs = report["pairs"]
+            row.update(verified=True, criterion=report["criterion"], passes=report["circuit_faithful"],
+                       irreducible=report["irreducible"],
+                       minimal_subset_sizes=sorted({len(s) for s in report["minimal_faithful_subsets"]}),
+                       interacting_pairs=f"{report['n_interacting_pairs']}/{len(pairs)}",
+                       median_partners=report["partners_median"])
+    for v in ("c1", "c0", "heal_only"):
+        if row.get("eap_ig_edges") and row.get(f"{v}_edges"):
+            row[f"eap_ig_over_{v}"] = row["eap_ig_edges"] / row[f"{v}_edges"]
+    return row
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def markdown(rows, summary):
+    def f(x, spec=".3f"):
+        return "–" if x is None else format(x, spec)
+    lines = ["| task | seed | EAP-IG | C1 | C0 | heal-only | EAP-IG / C1 | C0 / C1 | accuracy (original) "
+             "| KL | top-1 agr. | ppl ratio | verify | wall |", "|" + "---|" * 14]
+    for r in rows:
+        ver = "–"
+        if r.get("verified"):
+            ver = (f"{'passes' if r['passes'] else 'fails'} ({r['criterion']}); "
+                   f"{'irreducible' if r['irreducible'] else 'reducible'}; minimal {r['minimal_subset_sizes']}; "
+                   f"pairs {r['interacting_pairs']}, median {r['median_partners']}")
+        c0c1 = r["c0_edges"] / r["c1_edges"] if r.get("c0_edges") and r.get("c1_edges") else None
+        lines.append(f"| {r['task']} | {r['seed']} | {r['eap_ig_edges']} | {r['c1_edges']} | {r['c0_edges']} "
+                     f"| {r['heal_only_edges']} | {f(r.get('eap_ig_over_c1'), '.1f')} | {f(c0c1, '.2f')} | "
+                     f"{f(r.get('accuracy'))} ({f(r.get('accuracy_original'))}) | {f(r.get('kl'))} | "
+                     f"{f(r.get('top1_agreement'))} | {f(r.get('ppl_ratio'))} | {ver} | "
+                     f"{f((r.get('wall_seconds') or 0) / 60, '.0f')} min |")
+    lines += ["", f"Geometric mean EAP-IG / C1: {f(summary['eap_ig_over_c1'], '.2f')}x (paper: "
+              f"{PAPER['eap_ig_over_c1']}x); EAP-IG / C0: {f(summary['eap_ig_over_c0'], '.2f')}x "
+              f"(paper: {PAPER['eap_ig_over_c0']}x)."]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default="ioi,agreement,induction,docstring")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--variants", default="c1,c0,heal_only")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "condense_grid"))
+    ap.add_argument("--max-verify", type=int, default=20)
+    ap.add_argument("--keep", action="store_true", help="copy seed-0 C1 runs into checkpoints/")
+    ap.add_argument("--json")
+    ap.add_argument("extra", nargs="*", help="key=value for every run")
+    args = ap.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    start = time.time()
+    for seed in seeds:
+        for task in tasks:
+            for variant in [v for v in args.variants.split(",") if v]:
+                run_one(args.out, variant, task, seed, args.extra)
+    rows = [row_of(args.out, t, s, args.max_verify) for s in seeds for t in tasks]
+    summary = {k: geomean([r.get(k) for r in rows]) for k in ("eap_ig_over_c1", "eap_ig_over_c0")}
+    table = markdown(rows, summary)
+    print(table)
+    if args.keep:
+        for r in rows:
+            src = os.path.join(args.out, f"c1_{r['task']}_s0")
+            if r["seed"] == 0 and os.path.exists(os.path.join(src, "metrics.json")):
+                dst = os.path.join(ROOT, "checkpoints", f"condense_smollm2_{r['task']}")
+                os.makedirs(dst, exist_ok=True)
+                for name in KEEP:
+                    if os.path.exists(os.path.join(src, name)):
+                        shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+    if args.json:
+        from condense.artifacts import write_json
+        write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]), wall_seconds=time.time() - start,
+            rows=rows, summary=summary, paper=PAPER, table=table))
+
+
+if __name__ == "__main__":
+    main()
