@@ -85,13 +85,31 @@ def main(argv=None):
     return importlib.import_module(SUBCOMMANDS[command][0]).main(rest)
 
 
-def entry():
-    """The console script: `condense ...`, with an exit status; a bad recipe ends in one line."""
+def user_errors() -> tuple:
+    """Failures a user causes (a recipe, a path, a model, a folder in use): one line, no traceback."""
     from condense.config import RecipeError
+    from condense.model_parts import UnsupportedModelError
+    from condense.models import MissingModelError
+    from condense.runs import FolderInUse
+    from condense.verify.run import CircuitTooLarge
+    return (RecipeError, FolderInUse, MissingModelError, UnsupportedModelError, CircuitTooLarge,
+            FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def entry():
+    """The console script: `condense ...`, with an exit status. A failure the user caused ends
+    in one line; Ctrl-C says how to go on."""
     try:
         result = main()
-    except RecipeError as e:
+    except KeyboardInterrupt:
+        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+    except user_errors() as e:
         sys.exit(f"error: {e}")
+    except OSError as e:
+        if str(e).startswith(("cannot load model", "cannot load tokenizer")):
+            sys.exit(f"error: {e}")
+        raise
     sys.exit(result if isinstance(result, int) else 0)
 
 

@@ -6,6 +6,7 @@ that are allowed. `key=value` overrides from the command line are parsed as YAML
 keys every run shares; each method's own config extends it (condense.methods).
 """
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -78,10 +79,38 @@ def parse_overrides(items):
     return out
 
 
-def read_recipe(path, overrides=()):
-    """The YAML mapping of recipe `path` with `key=value` overrides applied."""
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a mapping with the same key twice (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise RecipeError(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_recipe(path, overrides=(), allow_empty=False):
+    """The YAML mapping of recipe `path` with `key=value` overrides applied. A missing or
+    unreadable file, a YAML error, an empty recipe or a key given twice fail in one line."""
+    if os.path.isdir(path):
+        raise RecipeError(f"{path}: a folder, not a recipe file")
+    try:
+        with open(path) as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except RecipeError as e:
+        raise RecipeError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise RecipeError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if data is None and not allow_empty:
+        raise RecipeError(f"{path}: the recipe is empty (at least `method:` and `model:`)")
+    data = data or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of keys to values")
     data.update(parse_overrides(overrides))
@@ -185,8 +214,17 @@ class RunConfig:
         if not 0 <= self.search_resolution < 1:
             raise RecipeError(f"recipe key 'search_resolution': must lie in [0, 1), got "
                               f"{self.search_resolution}")
-        if not self.faithfulness_threshold > 0:
-            raise RecipeError("recipe key 'faithfulness_threshold': must be > 0")
+        if not 0 < self.faithfulness_threshold <= 1:
+            raise RecipeError(f"recipe key 'faithfulness_threshold': must lie in (0, 1], got "
+                              f"{self.faithfulness_threshold}")
+        if (os.path.isdir(self.model) and os.path.exists(os.path.join(self.model, "adapter_config.json"))
+                and not os.path.exists(os.path.join(self.model, "config.json"))):
+            raise RecipeError(f"recipe key 'model': {self.model} is a PEFT adapter folder (a "
+                              f"condensation run?), not a model: give its base model (its "
+                              f"recipe.yaml names it); condense does not treat a healed model as "
+                              f"the original")
+        if self.output_dir is not None and os.path.isfile(self.output_dir):
+            raise RecipeError(f"recipe key 'output_dir': {self.output_dir} is a file, not a folder")
 
 
 REPORT_TO = ("none", "wandb")

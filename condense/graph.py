@@ -226,14 +226,12 @@ class Graph:
         with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
             d = json.load(f)
         g = cls.from_model(model)
-        for key in ("n_layers", "n_heads"):
-            if key in d.get("cfg", {}) and d["cfg"][key] != g.cfg[key]:
-                raise ValueError(f"{path}: cfg {key}={d['cfg'][key]} but the model has {g.cfg[key]}")
+        g.check_json(d, path)
         g.in_graph = torch.zeros_like(g.valid)
         for name, e in d["edges"].items():
             s, r = g._parse_edge(name)
             g.scores[s, r] = float(e.get("score", 0.0) if e.get("score") is not None else 0.0)
-            g.in_graph[s, r] = bool(e["in_graph"])
+            g.in_graph[s, r] = e["in_graph"]
         if "node_masks" in d:
             g.head_mask = torch.tensor(d["node_masks"]["heads"], dtype=torch.float)
             g.neuron_mask = torch.tensor(d["node_masks"]["neurons"], dtype=torch.float)
@@ -241,6 +239,23 @@ class Graph:
             g.roles.update({name: e["role"] for name, e in entries.items()
                             if isinstance(e, dict) and e.get("role") is not None})
         return g
+
+    def check_json(self, d, path="circuit.json"):
+        """Refuse a circuit file that is not for this model: its `cfg` (model type, layers,
+        heads, widths) must match; every edge's in_graph must be true or false."""
+        if not isinstance(d, dict) or not isinstance(d.get("edges"), dict):
+            raise ValueError(f"{path}: not a circuit file (no edges)")
+        cfg = d.get("cfg")
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path}: no cfg: cannot tell which model the circuit is for")
+        for key, value in self.cfg.items():
+            if key in cfg and cfg[key] != value:
+                raise ValueError(f"{path}: a circuit for another model ({key}={cfg[key]!r}, this "
+                                 f"model has {value!r})")
+        for name, e in d["edges"].items():
+            if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool):
+                raise ValueError(f"{path}: edge {name}: in_graph must be true or false, got "
+                                 f"{e.get('in_graph') if isinstance(e, dict) else e!r}")
 
     def _parse_edge(self, name):
         src, _, dst = name.partition("->")

@@ -209,3 +209,13 @@ def load_tokenizer(name_or_path: str):
         return AutoTokenizer.from_pretrained(folder)
     except OSError as e:
         raise OSError(f"cannot load tokenizer {name_or_path!r}: {str(e).splitlines()[0]}") from e
+
+
+def model_config(name_or_path: str):
+    """The Hugging Face config of `name_or_path` (any form load_model takes), without weights."""
+    from transformers import AutoConfig
+    folder = model_folder(name_or_path)
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except OSError as e:
+        raise OSError(f"cannot load model {name_or_path!r}: {str(e).splitlines()[0]}") from e

@@ -66,6 +66,7 @@ class RunContext:
     rows: dict
     graph: Graph
     means: Any = None
+    runtime: dict = dataclasses.field(default_factory=dict)  # threads and device (runtime.json)
 
     @property
     def is_main(self) -> bool:
@@ -83,10 +84,7 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
     model = load_model(cfg.model, dtype=cfg.dtype, device=device)
     for p in model.parameters():
         p.requires_grad_(False)
-    runtime = apply_thread_policy(cfg.threads, model, processes=world()[1])
-    if accelerator is None or accelerator.is_main_process:
-        os.makedirs(out or cfg.output_dir, exist_ok=True)
-        write_json(os.path.join(out or cfg.output_dir, "runtime.json"), dict(runtime, device=str(device)))
+    runtime = dict(apply_thread_policy(cfg.threads, model, processes=world()[1]), device=str(device))
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     sizes = dict(train=cfg.n_train, val=cfg.n_val, test=cfg.n_test)
     rows = {split: tasks.load_task(cfg.task, tokenizer, split, n=sizes[split], seed=cfg.seed)
@@ -99,7 +97,7 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
         f"{cfg.model} on {device}, {graph.n_edges:,} edges; {runtime['threads']} thread(s) "
         f"({runtime['why']})")
     return RunContext(cfg, accelerator, out or cfg.output_dir, device, model, tokenizer, rows,
-                      graph, means)
+                      graph, means, runtime)
 
 
 def save_run(ctx: RunContext, metrics: dict, circuit: Optional[Graph] = None) -> dict:
@@ -125,37 +123,144 @@ def recipe_text(cfg: RunConfig) -> str:
     return f"# condense run --recipe {path}\n" + to_yaml(cfg)
 
 
+class FolderInUse(RuntimeError):
+    """Another live run writes the output folder."""
+
+
+class FolderLock:
+    """One writer per output folder: `.lock` holds the writer's pid; a lock whose process is
+    gone (killed) is taken over."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, ".lock")
+
+    def acquire(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = self._holder()
+                if pid is not None and pid != os.getpid() and _alive(pid):
+                    raise FolderInUse(f"{os.path.dirname(self.path)} is being written by another run "
+                                      f"(pid {pid}); wait for it, or give this run another output_dir")
+                try:  # its writer is gone: take it over
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return self
+        raise FolderInUse(f"could not lock {os.path.dirname(self.path)}")
+
+    def _holder(self):
+        try:
+            with open(self.path) as f:
+                return int(f.read().strip() or 0) or None
+        except (OSError, ValueError):
+            return None
+
+    def release(self):
+        if self._holder() == os.getpid():
+            os.unlink(self.path)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# keys that may differ between runs of one recipe in one folder (where and how, not what)
+RERUN_FREE = ("output_dir", "threads", "device", "report_to", "wandb_project")
+
+
+def check_folder(cfg: RunConfig) -> None:
+    """Before anything is written: the output folder is not a file and, if it holds a run, the
+    run is of this recipe (up to RERUN_FREE keys), so that rerunning resumes it instead of
+    mixing two runs' files."""
+    from condense.config import RecipeError
+    from condense.methods import config_from
+    out = cfg.output_dir
+    if os.path.isfile(out):
+        raise RecipeError(f"recipe key 'output_dir': {out} is a file, not a folder")
+    path = os.path.join(out, "recipe.yaml")
+    if not os.path.exists(path):
+        return
+    try:
+        old = config_from(read_recipe(path, allow_empty=True), where=path, lenient=True)
+    except RecipeError:
+        old = None
+    changed = ["(unreadable recipe.yaml)"] if old is None else [
+        f.name for f in dataclasses.fields(cfg) if f.name not in RERUN_FREE
+        and getattr(old, f.name, None) != getattr(cfg, f.name)]
+    if changed:
+        raise RecipeError(f"{out} holds a run of another recipe (differs in {', '.join(changed[:6])}); "
+                          f"rerunning the same recipe resumes it; for this one choose another "
+                          f"output_dir or remove {out}")
+
+
+def _clean_strays(out):
+    """Temporary files an interrupted write left behind (atomic writes rename them away)."""
+    import shutil
+    for folder in (out, os.path.join(out, "state")):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.startswith(".") and name.endswith(".tmp"):
+                os.unlink(path)
+            elif name.startswith(".adapter-") and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def run(cfg: RunConfig) -> Optional[dict]:
-    """Run checked config `cfg` and return its metrics (None on non-main processes)."""
+    """Run checked config `cfg` and return its metrics (None on non-main processes). Nothing in
+    the output folder changes before the run has started: checks first, then the model, and
+    only then the lock, recipe.yaml and runtime.json."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from condense.methods import get
 
     method = get(cfg.method)
+    check_folder(cfg)
+    if method.prepare is not None:
+        method.prepare(cfg)
     wandb = cfg.report_to == "wandb"
     accelerator = Accelerator(cpu=cfg.device == "cpu", log_with="wandb" if wandb else None)
     set_seed(cfg.seed)
     out = cfg.output_dir
-    if wandb:  # offline by default: our machines have no network, and a run must not hang
-        accelerator.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg), init_kwargs={
-            "wandb": dict(mode=os.environ.get("WANDB_MODE", "offline"), dir=out,
-                          name=os.path.basename(os.path.normpath(out)))})
-    if accelerator.is_main_process:
-        os.makedirs(out, exist_ok=True)
-        atomic_write(os.path.join(out, "recipe.yaml"), recipe_text(cfg))
-    accelerator.wait_for_everyone()
-    metrics = None
-    if method.data_parallel or accelerator.is_main_process:
-        metrics = method.run(open_run(cfg, accelerator, out))
-    if accelerator.is_main_process:
-        if wandb:
-            accelerator.log(_scalars(metrics))
-        log(f"wrote {out}/")
-    else:
-        metrics = None
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    runs_here = method.data_parallel or accelerator.is_main_process
+    ctx = open_run(cfg, accelerator, out) if runs_here else None
+    lock = FolderLock(out).acquire() if accelerator.is_main_process else None
+    try:
+        if accelerator.is_main_process:
+            _clean_strays(out)
+            atomic_write(os.path.join(out, "recipe.yaml"), recipe_text(cfg))
+            write_json(os.path.join(out, "runtime.json"), ctx.runtime)
+        if wandb:  # offline by default: our machines have no network, and a run must not hang
+            accelerator.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg), init_kwargs={
+                "wandb": dict(mode=os.environ.get("WANDB_MODE", "offline"), dir=out,
+                              name=os.path.basename(os.path.normpath(out)))})
+        accelerator.wait_for_everyone()
+        metrics = method.run(ctx) if runs_here else None
+        if accelerator.is_main_process:
+            if wandb:
+                accelerator.log(_scalars(metrics))
+            log(f"wrote {out}/")
+        else:
+            metrics = None
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+    finally:
+        if lock is not None:
+            lock.release()
     return metrics
 
 
@@ -194,7 +299,7 @@ def read_run(path: str, what: str = "read") -> RunFolder:
     if not os.path.exists(circuit):
         raise FileNotFoundError(f"{path}: no circuit.json to {what}")
     recipe = os.path.join(path, "recipe.yaml")
-    data = read_recipe(recipe) if os.path.exists(recipe) else {}
+    data = read_recipe(recipe, allow_empty=True) if os.path.exists(recipe) else {}
     data.pop("output_dir", None)
     cfg = config_from(data, where=recipe, lenient=True)
     cfg.output_dir = path

@@ -10,7 +10,7 @@ a module: no central file changes.
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from condense.config import RecipeError, RunConfig, from_dict
 
@@ -22,6 +22,7 @@ class Method:
     run: Callable         # run(ctx) -> metrics dict
     data_parallel: bool = False
     help: str = ""
+    prepare: Optional[Callable] = None  # prepare(cfg): checks against the output folder, before any write
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -29,11 +30,12 @@ _DISCOVERED = False
 
 
 def register(name: str, config: type, run: Callable, *, data_parallel: bool = False,
-             help: str = "") -> Method:
-    """Add method `name` (its config class, run function, data parallel or not)."""
+             help: str = "", prepare: Optional[Callable] = None) -> Method:
+    """Add method `name` (its config class, run function, data parallel or not, and an
+    optional prepare(cfg) that checks the output folder before anything is written)."""
     if not (isinstance(config, type) and issubclass(config, RunConfig)):
         raise TypeError(f"method {name!r}: its config must extend condense.config.RunConfig")
-    _REGISTRY[name] = Method(name, config, run, data_parallel, help)
+    _REGISTRY[name] = Method(name, config, run, data_parallel, help, prepare)
     return _REGISTRY[name]
 
 

@@ -132,6 +132,9 @@ class CondenseConfig(RunConfig):
         "help": "gate each candidate before healing it and accept it unhealed when it passes "
                 "(heal only what the gate rejects); false: heal every round"})
 
+    def _check_init_circuit(self):
+        read_circuit_file(self.init_circuit)
+
     def check(self):
         """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
         super().check()
@@ -149,8 +152,8 @@ class CondenseConfig(RunConfig):
             bad("prune_fraction", "must lie in (0, 1]")
         if not 0 < self.min_prune_fraction <= self.prune_fraction:
             bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
-        if self.init_circuit and not os.path.exists(self.init_circuit):
-            bad("init_circuit", "no such circuit.json")
+        if self.init_circuit:
+            self._check_init_circuit()
         if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
             bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
         if self.early_rank_method is not None:
@@ -234,6 +237,48 @@ def last_logprobs(model, rows, batch_size):
 
 
 # ------------------------------------------------------------------ the four phases
+def read_circuit_file(path, what="init_circuit"):
+    """The JSON of circuit file `path` with at least one edge in the graph, or a RecipeError
+    naming the problem (a folder, no such file, not JSON, not a circuit, no edge on)."""
+    import gzip
+    if os.path.isdir(path):
+        raise RecipeError(f"recipe key {what!r}: {path} is a folder; give its circuit.json")
+    if not os.path.exists(path):
+        raise RecipeError(f"recipe key {what!r}: no such circuit file {path}")
+    try:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            d = json.load(f)
+    except (ValueError, OSError) as e:
+        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit JSON file ({e})") from None
+    edges = d.get("edges") if isinstance(d, dict) else None
+    if not isinstance(edges, dict):
+        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit file (no edges)")
+    bad = [n for n, e in edges.items() if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool)]
+    if bad:
+        raise RecipeError(f"recipe key {what!r}: {path}: edge {bad[0]}: in_graph must be true or false")
+    if not any(e["in_graph"] for e in edges.values()):
+        raise RecipeError(f"recipe key {what!r}: {path} has no edge in its circuit")
+    if not isinstance(d.get("cfg"), dict):
+        raise RecipeError(f"recipe key {what!r}: {path} has no cfg: cannot tell which model it is for")
+    return d
+
+
+def check_init_circuit_model(cfg):
+    """Before the model loads: init_circuit was found for a model of this shape."""
+    if not cfg.init_circuit:
+        return
+    from condense.graph import Graph
+    from condense.models import model_config
+    read_circuit_file(cfg.init_circuit)
+    try:
+        start = Graph.from_json(cfg.init_circuit, model_config(cfg.model))
+    except (ValueError, KeyError) as e:
+        raise RecipeError(f"recipe key 'init_circuit': {e}") from None
+    if start.prune().count_edges() == 0:
+        raise RecipeError(f"recipe key 'init_circuit': {cfg.init_circuit} has no edge on an "
+                          f"input -> logits path")
+
+
 def rank_method(graph, cfg):
     """EAP-IG, or `early_rank_method` while the circuit has more than `early_rank_edges` edges."""
     if cfg.early_rank_method and graph.count_edges(on_path=True) > cfg.early_rank_edges:
@@ -413,10 +458,11 @@ def _save_state(out, model, circuit, state):
         return dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
     sdir = os.path.join(out, "state")
     os.makedirs(sdir, exist_ok=True)
-    if not os.path.exists(os.path.join(sdir, adapter_file)):
-        atomic_write(os.path.join(sdir, adapter_file),
-                     save({k: v.contiguous().cpu() for k, v in adapter_state(model).items()}))
-        circuit.to_json(os.path.join(sdir, circuit_file))
+    # both parts, each atomically, every time (a kill between them leaves the last committed
+    # state.json pointing at files of the previous commit, which are still there)
+    atomic_write(os.path.join(sdir, adapter_file),
+                 save({k: v.contiguous().cpu() for k, v in adapter_state(model).items()}))
+    circuit.to_json(os.path.join(sdir, circuit_file))
     state = dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
     write_json(os.path.join(sdir, STATE_FILE), state)  # last: commits the round
     for f in os.listdir(sdir):  # older accepted states are no longer referenced
@@ -434,8 +480,13 @@ def _load_state(out, model, peft_model, cfg):
     with open(path) as f:
         state = json.load(f)
     if state.get("fingerprint") != _fingerprint(cfg):
-        raise RuntimeError(f"{path} was written by a different recipe; remove {out}/state to "
-                           f"start over")
+        raise RecipeError(f"{path} was written by a different recipe; remove {out}/state to "
+                          f"start over")
+    missing = [f for f in (state["adapter_file"], state["circuit_file"])
+               if not os.path.exists(os.path.join(out, "state", f))]
+    if missing:  # a committed state always has both: someone removed them
+        raise RecipeError(f"{path} names {', '.join(missing)}, which is missing; remove "
+                          f"{out}/state to start over")
     load_adapter_state(peft_model, load_file(os.path.join(out, "state", state["adapter_file"])))
     circuit = Graph.from_json(os.path.join(out, "state", state["circuit_file"]), model)
     return state, circuit
@@ -652,7 +703,23 @@ def run_condense(ctx: RunContext) -> dict:
     return loop.finish()
 
 
-register("condense", CondenseConfig, run_condense, data_parallel=True,
+def check_state(cfg: CondenseConfig) -> None:
+    """Before anything is written: init_circuit fits the model, and a state in the output
+    folder was written by this recipe (else rerunning would resume another run)."""
+    check_init_circuit_model(cfg)
+    path = os.path.join(cfg.output_dir, "state", STATE_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            state = json.load(f)
+        if state.get("fingerprint") != _fingerprint(cfg):
+            old = state.get("fingerprint") or {}
+            keys = sorted(k for k in set(old) | set(_fingerprint(cfg))
+                          if old.get(k) != _fingerprint(cfg).get(k))
+            raise RecipeError(f"{path} was written by a different recipe (differs in "
+                              f"{', '.join(keys[:6])}); remove {cfg.output_dir}/state to start over")
+
+
+register("condense", CondenseConfig, run_condense, data_parallel=True, prepare=check_state,
          help="condensation: rank -> prune -> heal (LoRA) -> gate")
 
 

@@ -18,6 +18,7 @@ from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample  # noqa: 
 
 TASKS = tuple(GENERATORS)
 SPLITS = ("train", "val", "test")
+STALE = 5000  # draws in a row without a new prompt after which a split counts as exhausted
 
 
 def _stable_hash(text):
@@ -108,19 +109,30 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
 
     Deterministic for (name, split, seed, tokenizer). Draws that the tokenizer cannot
     encode under the row contract (e.g. an acronym letter merged with the next) are
-    redrawn; if most draws fail, the tokenizer does not suit the task and we say so.
+    redrawn; if most draws fail, the tokenizer does not suit the task and we say so. A split
+    holds a finite number of distinct prompts: when `STALE` draws in a row bring no new one,
+    the split is taken to be exhausted and the error says how many it holds.
     """
-    rows, seen, tries = [], set(), 0
+    if n < 1:
+        raise ValueError(f"task {name!r}: n must be >= 1, got {n}")
+    rows, seen, tries, fits, stale = [], set(), 0, 0, 0
     for s in iter_samples(name, tokenizer, split, seed):
         tries += 1
-        if tries > 50 * n + 1000:
+        if stale >= STALE:
+            raise ValueError(f"task {name!r}, split {split!r}: asked for {n} rows, but it holds "
+                             f"about {len(seen)} distinct prompts ({len(rows)} fit the tokenizer's "
+                             f"row contract); ask for at most {len(rows)}")
+        if tries > 50 * n + 1000 and fits < tries // 10:
             raise ValueError(f"task {name!r}: only {len(rows)} of {n} rows fit tokenizer "
                              f"{tokenizer.name_or_path!r} after {tries} draws")
         if s.clean in seen:
+            stale += 1
             continue
+        stale = 0
         row = _row(tokenizer, s)
+        seen.add(s.clean)
         if row is not None:
-            seen.add(s.clean)
+            fits += 1
             rows.append(row)
             if len(rows) == n:
                 break
