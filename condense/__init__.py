@@ -7,3 +7,11 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+# peft imports bitsandbytes when it is installed, and on CPUs with AVX512-BF16 bitsandbytes
+# then warns that the optional `kernels` package (a faster CPU 4-bit matmul) is absent. It
+# would be the first line of every command, including one-line error messages; condense
+# does not run 4-bit matmuls on CPU, so that one logger is quieted.
+import logging  # noqa: E402
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)

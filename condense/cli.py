@@ -91,8 +91,9 @@ def user_errors() -> tuple:
     from condense.model_parts import UnsupportedModelError
     from condense.models import MissingModelError
     from condense.runs import FolderInUse
+    from condense.tasks import TaskError
     from condense.verify.run import CircuitTooLarge
-    return (RecipeError, FolderInUse, MissingModelError, UnsupportedModelError, CircuitTooLarge,
+    return (RecipeError, TaskError, FolderInUse, MissingModelError, UnsupportedModelError, CircuitTooLarge,
             FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 

@@ -303,4 +303,26 @@ def read_run(path: str, what: str = "read") -> RunFolder:
     data.pop("output_dir", None)
     cfg = config_from(data, where=recipe, lenient=True)
     cfg.output_dir = path
-    return RunFolder(path, cfg, circuit, os.path.exists(os.path.join(path, "adapter_config.json")))
+    return RunFolder(path, cfg, circuit, _adapter_present(path, cfg, what))
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def _adapter_present(path: str, cfg: RunConfig, what: str) -> bool:
+    """Whether the run folder holds a whole PEFT adapter. Half an adapter (config without
+    weights or weights without config), or none where the method always saves one
+    (condensation), is refused: without it the circuit would be scored on the wrong model."""
+    from condense.config import RecipeError
+    has_config = os.path.exists(os.path.join(path, "adapter_config.json"))
+    has_weights = any(os.path.exists(os.path.join(path, f)) for f in ADAPTER_WEIGHTS)
+    if has_config != has_weights:
+        present, gone = (("adapter_config.json", "adapter_model.safetensors") if has_config
+                         else ("adapter_model.safetensors", "adapter_config.json"))
+        raise RecipeError(f"{path}: the adapter is partly missing ({present} without {gone}); "
+                          f"refusing to {what} the circuit on a model without its adapter")
+    if not has_config and getattr(cfg, "method", None) == "condense":
+        raise RecipeError(f"{path}: a condensation run without its adapter (adapter_config.json "
+                          f"and adapter_model.safetensors are gone); refusing to {what} its circuit "
+                          f"on the base model")
+    return has_config

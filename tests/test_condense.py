@@ -348,3 +348,115 @@ def test_shortcuts_heal_if_needed_early_rank_method_and_rank_rows(tiny_model, tm
          f"output_dir={out}")
     rounds = _rounds(out)
     assert healed and any(r["note"].startswith("healed") and r["heal_loss"] is not None for r in rounds)
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, 3])
+def test_kill_between_state_writes_then_rerun(full_run, tiny_model, tmp_path, monkeypatch, kill_after):
+    """A round's commit writes the adapter, the circuit and then state.json (and deletes the
+    previous round's files). Killed after each of those writes in round 2, the rerun resumes
+    and ends with the uninterrupted run's circuit."""
+    from condense.graph import Graph
+    out_full, _ = full_run
+    out = str(tmp_path / "out")
+    writes = {"n": 0, "armed": False}
+
+    def counting(real):
+        def wrapper(*a, **k):
+            result = real(*a, **k)
+            path = str(a[1] if real is real_to_json else a[0])
+            if os.sep + "state" + os.sep in path and writes["armed"]:
+                writes["n"] += 1
+                if writes["n"] == kill_after:
+                    raise KeyboardInterrupt(f"killed after writing {path}")
+            return result
+        return wrapper
+
+    real_to_json = Graph.to_json
+    real_save = condense_trainer._save_state
+
+    def save_state(out_, model, circuit, state):
+        writes["armed"] = state["round"] == 2
+        return real_save(out_, model, circuit, state)
+    monkeypatch.setattr(condense_trainer, "atomic_write", counting(condense_trainer.atomic_write))
+    monkeypatch.setattr(condense_trainer, "write_json", counting(condense_trainer.write_json))
+    monkeypatch.setattr(Graph, "to_json", counting(real_to_json))
+    monkeypatch.setattr(condense_trainer, "_save_state", save_state)
+    recipe = _recipe(tmp_path, tiny_model)
+    with pytest.raises(KeyboardInterrupt):
+        _run(recipe, f"output_dir={out}")
+    monkeypatch.undo()
+    _run(recipe, f"output_dir={out}")
+    assert [r["round"] for r in _rounds(out)] == [1, 2, 3]
+    assert _edges(out) == _edges(out_full)
+    left = sorted(os.listdir(os.path.join(out, "state")))  # one committed state, nothing else
+    assert len(left) == 3 and left[0].startswith("adapter_r") and left[1].startswith("circuit_r")
+    assert left[2] == "state.json"
+
+
+def test_state_with_a_missing_part_is_refused(full_run, tmp_path):
+    """A state.json naming a file that is gone is a clear error, not a FileNotFoundError."""
+    import shutil
+    out = str(tmp_path / "copy")
+    shutil.copytree(full_run[0], out)
+    for name in ("metrics.json",):
+        os.unlink(os.path.join(out, name))
+    with open(os.path.join(out, "state", "state.json")) as f:
+        state = json.load(f)
+    os.unlink(os.path.join(out, "state", state["circuit_file"]))
+    recipe = os.path.join(out, "recipe.yaml")
+    with pytest.raises(RecipeError, match="missing"):
+        _run(recipe, f"output_dir={out}")
+
+
+def test_init_circuit_is_checked_before_the_model_loads(tiny_model, full_run, tmp_path, monkeypatch):
+    """A folder, an empty circuit, a circuit without cfg or for another model, and a string
+    in_graph are refused in one line before any model loads or anything is written."""
+    import condense.runs as runs
+    monkeypatch.setattr(runs, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with open(os.path.join(full_run[0], "circuit.json")) as f:
+        good = json.load(f)
+
+    def circuit(name, change):
+        d = json.loads(json.dumps(good))
+        change(d)
+        path = tmp_path / name
+        path.write_text(json.dumps(d))
+        return str(path)
+
+    def off(d):
+        for e in d["edges"].values():
+            e["in_graph"] = False
+
+    def other_model(d):
+        key = next(k for k, v in d["cfg"].items() if isinstance(v, int) and not isinstance(v, bool))
+        d["cfg"][key] += 1
+
+    def string_in_graph(d):
+        next(iter(d["edges"].values()))["in_graph"] = "false"
+    cases = {str(tmp_path): "folder",
+             circuit("empty.json", off): "no edge",
+             circuit("nocfg.json", lambda d: d.pop("cfg")): "no cfg",
+             circuit("other.json", other_model): "another model",
+             circuit("string.json", string_in_graph): "in_graph must be true or false"}
+    out = tmp_path / "out"
+    for path, words in cases.items():
+        with pytest.raises(RecipeError, match=words):
+            _run(_recipe(tmp_path, tiny_model), f"init_circuit={path}", f"output_dir={out}")
+        assert not out.exists()
+
+
+def test_verify_refuses_a_run_without_its_adapter(full_run, tmp_path):
+    """Half an adapter, or none in a condensation run, is refused (the circuit would be scored
+    on the base model)."""
+    import shutil
+
+    from condense.runs import read_run
+    assert read_run(full_run[0]).adapter
+    for gone in (["adapter_model.safetensors"], ["adapter_config.json"],
+                 ["adapter_model.safetensors", "adapter_config.json"]):
+        out = str(tmp_path / "_".join(gone))
+        shutil.copytree(full_run[0], out)
+        for name in gone:
+            os.unlink(os.path.join(out, name))
+        with pytest.raises(RecipeError, match="adapter"):
+            read_run(out, "verify")

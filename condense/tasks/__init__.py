@@ -18,6 +18,11 @@ from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample  # noqa: 
 
 TASKS = tuple(GENERATORS)
 SPLITS = ("train", "val", "test")
+class TaskError(ValueError):
+    """A task cannot give what was asked (an unknown name, more rows than a split holds, a
+    tokenizer that does not suit it): the user's to fix, reported in one line."""
+
+
 STALE = 5000  # draws in a row without a new prompt after which a split counts as exhausted
 
 
@@ -33,7 +38,7 @@ def split_of(text):
 
 def _check_name(name, allowed, what):
     if name not in allowed:
-        raise ValueError(f"unknown {what} {name!r}; valid {what}s: {', '.join(allowed)}")
+        raise TaskError(f"unknown {what} {name!r}; valid {what}s: {', '.join(allowed)}")
 
 
 _POOLS = {}
@@ -65,7 +70,7 @@ def word_pools(tokenizer):
     need = dict(names=10, noun_pairs=4, verbs=1, args=12, acronym_by_letter=8, common=60)
     short = {k: len(P[k]) for k, m in need.items() if len(P[k]) < m}
     if short:
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', None)!r} keeps too "
+        raise TaskError(f"tokenizer {getattr(tokenizer, 'name_or_path', None)!r} keeps too "
                          f"few single-token words (pool: count): {short}; needed: {need}")
     _POOLS[key] = P
     return P
@@ -114,16 +119,16 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
     the split is taken to be exhausted and the error says how many it holds.
     """
     if n < 1:
-        raise ValueError(f"task {name!r}: n must be >= 1, got {n}")
+        raise TaskError(f"task {name!r}: n must be >= 1, got {n}")
     rows, seen, tries, fits, stale = [], set(), 0, 0, 0
     for s in iter_samples(name, tokenizer, split, seed):
         tries += 1
         if stale >= STALE:
-            raise ValueError(f"task {name!r}, split {split!r}: asked for {n} rows, but it holds "
+            raise TaskError(f"task {name!r}, split {split!r}: asked for {n} rows, but it holds "
                              f"about {len(seen)} distinct prompts ({len(rows)} fit the tokenizer's "
                              f"row contract); ask for at most {len(rows)}")
         if tries > 50 * n + 1000 and fits < tries // 10:
-            raise ValueError(f"task {name!r}: only {len(rows)} of {n} rows fit tokenizer "
+            raise TaskError(f"task {name!r}: only {len(rows)} of {n} rows fit tokenizer "
                              f"{tokenizer.name_or_path!r} after {tries} draws")
         if s.clean in seen:
             stale += 1
