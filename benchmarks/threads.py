@@ -1,9 +1,9 @@
 """CPU threads on a quiet and on a busy machine: the default policy against fixed counts.
 
     HF_HUB_OFFLINE=1 python benchmarks/threads.py [--models organism,smollm2-135m]
-        [--threads 1,2] [--busy 0,2] [--repeats 3] [--json PATH]
+        [--threads 1,2] [--busy 0,2] [--repeats 3] [--large-rows 16] [--json PATH]
 
-For each model, two workloads: an EAP-IG ranking (organism: 64 IOI rows; SmolLM2: 16 rows)
+For each model, two workloads: an EAP-IG ranking (organism: 64 IOI rows; SmolLM2: --large-rows)
 and one heal step (a LoRA on o_proj/down_proj, or GPT-2's c_proj, over a 300-edge circuit:
 KL at the last position through the clean and the corrupted run, backward, AdamW). Each is
 timed in a fresh process (threads and OpenMP settings apply at process start) at every
@@ -22,7 +22,7 @@ import time
 BUSY = "import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\nwhile True:\n    a = (a @ a).tanh_()\n"
 
 
-def workload(model_name, kind, repeats):
+def workload(model_name, kind, repeats, large_rows=16):
     """Runs in the child: median seconds of `kind` on `model_name`."""
     import torch
 
@@ -37,7 +37,7 @@ def workload(model_name, kind, repeats):
     small = model.config.hidden_size < 512 if hasattr(model.config, "hidden_size") else True
     graph = Graph.from_model(model)
     if kind == "rank":
-        rows = tasks.load_task("ioi", tok, "train", n=64 if small else 16)
+        rows = tasks.load_task("ioi", tok, "train", n=64 if small else large_rows)
         attribute(model, graph, rows.select(range(4)), "eap_ig_inputs", progress=False)
 
         def call():
@@ -77,13 +77,13 @@ def child(args):
         info = apply_thread_policy(None, load_model(args.model))
     else:
         info = apply_thread_policy(int(args.setting))
-    seconds = workload(args.model, args.kind, args.repeats)
+    seconds = workload(args.model, args.kind, args.repeats, args.large_rows)
     print(json.dumps(dict(seconds=seconds, threads=info["threads"], why=info["why"])))
 
 
-def measure(model, kind, setting, repeats):
+def measure(model, kind, setting, repeats, large_rows):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model, kind, setting,
-           "--repeats", str(repeats)]
+           "--repeats", str(repeats), "--large-rows", str(large_rows)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if out.returncode:
@@ -98,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="fixed thread counts to compare")
     ap.add_argument("--busy", default="0,2", help="busy processes beside the measurement")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--large-rows", type=int, default=16,
+                    help="IOI rows the ranking workload scores on models of width >= 512")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "KIND", "SETTING"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -113,7 +115,7 @@ def main(argv=None):
             for model in [m for m in args.models.split(",") if m]:
                 for kind in [k for k in args.kinds.split(",") if k]:
                     for setting in settings:
-                        r = measure(model, kind, setting, args.repeats)
+                        r = measure(model, kind, setting, args.repeats, args.large_rows)
                         results.append(dict(model=model, kind=kind, busy=n_busy, setting=setting, **r))
                         print(f"busy {n_busy}  {model:22s} {kind:5s} threads {setting:8s} -> "
                               f"{r['threads']}: {r['seconds']:.3f}s", flush=True)
