@@ -672,6 +672,8 @@ class _Loop:
             accuracy_original_val=self.gate.accuracy_original, rounds=state["round"],
             accepted_rounds=sum(r["accepted"] for r in state["rounds"]),
             wall_seconds=time.perf_counter() - self.start_time,
+            # wall_seconds counts this process only; a resumed run's rounds add up here
+            rounds_seconds=sum(r.get("time", 0.0) for r in state["rounds"]),
             n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
             n_general=len(self.blocks), **extra)
         log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
