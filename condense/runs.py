@@ -176,7 +176,8 @@ def _alive(pid):
     return True
 
 
-# keys that may differ between runs of one recipe in one folder (where and how, not what)
+# keys that may differ between runs of one recipe in one folder (where and how, not what); a
+# method config adds its own in a `rerun_free` class attribute
 RERUN_FREE = ("output_dir", "threads", "device", "report_to", "wandb_project")
 
 
@@ -197,7 +198,8 @@ def check_folder(cfg: RunConfig) -> None:
     except RecipeError:
         old = None
     changed = ["(unreadable recipe.yaml)"] if old is None else [
-        f.name for f in dataclasses.fields(cfg) if f.name not in RERUN_FREE
+        f.name for f in dataclasses.fields(cfg)
+        if f.name not in RERUN_FREE + tuple(getattr(type(cfg), "rerun_free", ()))
         and getattr(old, f.name, None) != getattr(cfg, f.name)]
     if changed:
         raise RecipeError(f"{out} holds a run of another recipe (differs in {', '.join(changed[:6])}); "

@@ -460,3 +460,16 @@ def test_verify_refuses_a_run_without_its_adapter(full_run, tmp_path):
             os.unlink(os.path.join(out, name))
         with pytest.raises(RecipeError, match="adapter"):
             read_run(out, "verify")
+
+
+def test_max_rounds_caps_or_extends_a_run_on_resume(tiny_model, tmp_path):
+    """max_rounds (and n_test) may change between runs in one folder: a run capped at one round
+    ends there, and the same command with more rounds resumes it instead of refusing."""
+    out = str(tmp_path / "out")
+    recipe = _recipe(tmp_path, tiny_model)
+    first = _run(recipe, "max_rounds=1", f"output_dir={out}")
+    assert first["rounds"] == 1 and len(_rounds(out)) == 1
+    again = _run(recipe, "max_rounds=3", f"output_dir={out}")
+    assert again["rounds"] == 3 and [r["round"] for r in _rounds(out)] == [1, 2, 3]
+    with pytest.raises(RecipeError, match="heal_steps"):  # a key that changes what rounds do
+        _run(recipe, "max_rounds=3", "heal_steps=7", f"output_dir={out}")

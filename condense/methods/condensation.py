@@ -75,6 +75,8 @@ from condense.runs import RunContext, log
 @dataclass
 class CondenseConfig(RunConfig):
     """Condensation's keys (the module docstring describes the loop)."""
+    # a run may be capped or extended on resume: the rounds done so far do not depend on it
+    rerun_free = ("max_rounds", "n_test")
     method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
     heal: bool = field(default=True, metadata={
         "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
