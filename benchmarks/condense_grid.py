@@ -8,8 +8,10 @@ seed, against EAP-IG's smallest faithful circuit, and the verifier on every smal
 Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
 [key=value ...] output_dir=<out>/<variant>_<task>_s<seed>` in its own process, one after the
 other; a finished run (metrics.json) is not rerun, and an interrupted one resumes. C0 is
-`heal=false`; heal-only is `prune=false heal_if_needed=false` (heal the full graph, then rank
-and take the smallest faithful circuit). Every C1 with at most --max-verify edges is verified
+`heal=false`; heal-only is `prune=false heal_if_needed=false early_rank_method=null
+search_resolution=0.01` (heal the full graph, then rank with EAP-IG and take the smallest
+faithful circuit, searched as the baselines are). Every C1 with at most --max-verify edges is
+verified
 (`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
 checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
@@ -26,7 +28,11 @@ import sys
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-VARIANTS = {"c1": [], "c0": ["heal=false"], "heal_only": ["prune=false", "heal_if_needed=false"]}
+# heal-only: heal the full graph, then EAP-IG (not the recipe's early EAP shortcut, which would
+# rank the full graph with EAP) and the smallest faithful circuit at the baselines' 1 % resolution
+VARIANTS = {"c1": [], "c0": ["heal=false"],
+            "heal_only": ["prune=false", "heal_if_needed=false", "early_rank_method=null",
+                          "search_resolution=0.01"]}
 PAPER = dict(eap_ig_over_c1=8.1, eap_ig_over_c0=7.4)
 KEEP = ("adapter_config.json", "adapter_model.safetensors", "circuit.json", "circuit.png",
         "metrics.json", "rounds.jsonl", "rounds.png", "recipe.yaml", "runtime.json", "verify.json",
