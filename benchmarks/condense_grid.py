@@ -11,8 +11,7 @@ other; a finished run (metrics.json) is not rerun, and an interrupted one resume
 `heal=false`; heal-only is `prune=false heal_if_needed=false early_rank_method=null
 search_resolution=0.01` (heal the full graph, then rank with EAP-IG and take the smallest
 faithful circuit, searched as the baselines are). Every C1 with at most --max-verify edges is
-verified
-(`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
+verified (`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
 checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
 7.4x. `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
