@@ -678,7 +678,8 @@ class _Loop:
             rounds_seconds=sum(r.get("time", 0.0) for r in state["rounds"]),
             n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
             n_general=len(self.blocks), **extra)
-        log(f"C{'1' if cfg.heal else '0'}: {metrics['edges']} edges, test accuracy "
+        name = "heal-only" if not cfg.prune else ("C1" if cfg.heal else "C0")
+        log(f"{name}: {metrics['edges']} edges, test accuracy "
             f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
             f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
         if is_main():
