@@ -84,7 +84,9 @@ def row_of(out, task, seed, max_verify):
     if c1:
         row.update(accuracy=c1["accuracy"], accuracy_original=c1["accuracy_original"],
                    kl=c1["kl"], top1_agreement=c1["top1_agreement"], ppl_ratio=c1["ppl_ratio"],
-                   faithfulness=c1["faithfulness"], wall_seconds=c1["wall_seconds"],
+                   faithfulness=c1["faithfulness"],
+                   # all rounds across resumes (older runs: this process's wall time only)
+                   wall_seconds=c1.get("rounds_seconds", c1["wall_seconds"]),
                    rounds=c1["rounds"])
         report = verify(os.path.join(out, f"c1_{task}_s{seed}"), max_verify)
         if report:
@@ -109,7 +111,7 @@ def markdown(rows, summary):
     def f(x, spec=".3f"):
         return "–" if x is None else format(x, spec)
     lines = ["| task | seed | EAP-IG | C1 | C0 | heal-only | EAP-IG / C1 | C0 / C1 | accuracy (original) "
-             "| KL | top-1 agr. | ppl ratio | verify | wall |", "|" + "---|" * 14]
+             "| KL | top-1 agr. | ppl ratio | verify | C1 rounds' wall |", "|" + "---|" * 14]
     for r in rows:
         ver = "–"
         if r.get("verified"):
