@@ -64,7 +64,7 @@ from condense.attribute import attribute
 from condense.curves import smallest_faithful
 from condense.evaluate import EvalReference, dataset_columns, evaluate, reference_outputs
 from condense.graph import Graph
-from condense.metrics import pad_batch, perplexity
+from condense.metrics import ACCURACY_EPS, pad_batch, perplexity
 from condense.model_parts import model_shape
 from condense.config import RecipeError, RunConfig, at_least
 from condense.methods import register
@@ -397,7 +397,7 @@ class Gate:
         m = circuit_metrics(model, circuit, self.rows, self.reference, cfg)
         ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
         ratio = ppl / self.ppl_original if self.blocks else 1.0
-        ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol
+        ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
         ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
         return ok_acc and ok_ppl and ok_f, dict(

@@ -35,6 +35,8 @@ import time
 
 import torch
 
+from condense.metrics import ACCURACY_EPS
+
 DEFAULT_MAX_EDGES = 20
 MAX_LISTED = 10000  # minimal faithful subsets written out by name (all are counted)
 
@@ -200,7 +202,7 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     report, f, minimal = analyse(
         ld, evaluator.edge_names, ld_full, ld_empty,
         threshold if criterion in ("faithfulness", "both") else None, tau, accuracy,
-        accuracy_full - accuracy_tol if criterion in ("accuracy", "both") else None)
+        accuracy_full - accuracy_tol - ACCURACY_EPS if criterion in ("accuracy", "both") else None)
     report.update(
         criterion=criterion, accuracy_full_model=accuracy_full,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
