@@ -54,8 +54,8 @@ class OrganismConfig:
 @dataclass
 class Phase:
     """One stretch of training: its own data mix and learning-rate schedule. Copying
-    behaviours pull the learning rate apart (induction formed at 1e-3, IOI needed 3e-3 in
-    ../shared/notes), so the organism recipe trains in phases."""
+    behaviours pull the learning rate apart (in the organism's training trials induction formed
+    at 1e-3 and IOI needed 3e-3), so the organism recipe trains in phases."""
     steps: int = field(default=1000, metadata={"help": "optimizer steps in this phase"})
     lr: float = field(default=3e-3, metadata={"help": "peak learning rate (AdamW)"})
     warmup: int = field(default=100, metadata={"help": "linear warmup steps"})
