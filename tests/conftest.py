@@ -70,3 +70,18 @@ def smollm2():
         return load_model("smollm2-135m")
     except MissingModelError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random GPT-2 folder (see tiny_gpt2_folder), one per test module."""
+    return tiny_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2"))
+
+
+def write_recipe(folder, **keys):
+    """A recipe file of `keys` in `folder`; returns its path."""
+    import yaml
+    path = os.path.join(folder, "recipe_under_test.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(keys, f)
+    return path

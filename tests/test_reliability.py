@@ -7,31 +7,18 @@ import sys
 import time
 
 import pytest
-import yaml
 
 from condense import runs, tasks
 from condense.config import RecipeError
 from condense.runs import FolderInUse, FolderLock
 
-from .conftest import tiny_gpt2_folder
+from .conftest import write_recipe
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    return tiny_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2"))
-
-
-def recipe_file(folder, **keys):
-    path = os.path.join(folder, "r.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(keys, f)
-    return path
-
-
 def small(folder, model, **keys):
-    return recipe_file(folder, model=model, task="ioi", n_train=8, n_val=8, n_test=8,
+    return write_recipe(folder, model=model, task="ioi", n_train=8, n_val=8, n_test=8,
                        batch_size=8, threads=1, **dict(dict(method="eap"), **keys))
 
 
@@ -96,7 +83,7 @@ def test_one_writer_per_folder(finished_run, tiny_model_dir, tmp_path):
 
 
 def test_output_folders_follow_method_model_and_task(tmp_path):
-    recipe = recipe_file(str(tmp_path), method="eap_ig", model="smollm2-135m", task="ioi")
+    recipe = write_recipe(str(tmp_path), method="eap_ig", model="smollm2-135m", task="ioi")
     assert runs.load_config(recipe).output_dir == os.path.join("checkpoints", "eap_ig_smollm2_ioi")
     assert runs.load_config(recipe, ["task=induction"]).output_dir.endswith("eap_ig_smollm2_induction")
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from transformers import GPT2LMHeadModel
 
 from condense import runs, train
@@ -16,21 +15,9 @@ from condense.methods import methods
 from condense.config import RecipeError
 from condense.graph import Graph
 
-from .conftest import tiny_gpt2_folder
+from .conftest import write_recipe
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    return tiny_gpt2_folder(tmp_path_factory.mktemp("tiny_gpt2"))
-
-
-def write_recipe(folder, **keys):
-    path = os.path.join(folder, "recipe_under_test.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(keys, f)
-    return path
 
 
 def small_recipe(folder, model, **keys):
