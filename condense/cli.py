@@ -3,6 +3,7 @@
     condense run --recipe RECIPE [key=value ...]   run a recipe (any method; --help: its keys)
     condense verify RUN [options]                  every subset and pair of a run's circuit
     condense explain RUN [options]                 WeightLens and CircuitLens for its nodes
+    condense report RUN [--edges N]                one self-contained HTML page for a run
     condense card MODEL [options]                  a model card (tasks, perplexity, IOI heads)
     condense organism [--recipe R] [key=value]     train the model organism
     condense methods                               the registered methods
@@ -17,6 +18,7 @@ import sys
 SUBCOMMANDS = {
     "verify": ("condense.verify.run", "every subset and pair of a run's circuit"),
     "explain": ("condense.explain.run", "WeightLens and CircuitLens for a run's nodes"),
+    "report": ("condense.report", "a run folder's self-contained report.html"),
     "card": ("condense.card", "a model card: task accuracy, perplexity, where IOI lives"),
     "organism": ("condense.organism.train", "train the model organism from a recipe"),
 }
@@ -67,7 +69,7 @@ def main(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["run", *SUBCOMMANDS, "methods"],
-                    help="run | verify | explain | card | organism | methods")
+                    help="run | verify | explain | report | card | organism | methods")
     if not argv or argv[0] in ("-h", "--help"):
         ap.print_help()
         return 0

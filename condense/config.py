@@ -189,6 +189,9 @@ class RunConfig:
     wandb_project: str = field(default="condense", metadata={"help": "wandb project name"})
     dtype: Optional[str] = field(default=None, metadata={
         "help": "model dtype: float32, bfloat16, float16 (null: as saved)"})
+    quantization: Optional[str] = field(default=None, metadata={
+        "help": "null, 4bit (NF4) or 8bit: a frozen bitsandbytes base that computes with its "
+                "exact dequantized weights (LoRA heals over it); null: full precision"})
     device: Optional[str] = field(default=None, metadata={
         "help": "cpu, cuda, cuda:1, ... (null: accelerate's choice)"})
     threads: Optional[int] = field(default=None, metadata={
@@ -197,7 +200,7 @@ class RunConfig:
     def check(self):
         """Refuse shared values no run could use (a method's config extends this)."""
         from condense.attribute import METRICS
-        from condense.models import DTYPES
+        from condense.models import DTYPES, QUANTIZATIONS
         from condense.patching import INTERVENTIONS
         from condense.tasks import TASKS
 
@@ -207,6 +210,8 @@ class RunConfig:
         one_of(self, "report_to", REPORT_TO)
         if self.dtype is not None:
             one_of(self, "dtype", DTYPES)
+        if self.quantization is not None:
+            one_of(self, "quantization", QUANTIZATIONS[1:])
         for key in ("n_train", "n_val", "n_test", "ig_steps", "batch_size"):
             at_least(self, key, 1)
         if self.threads is not None:

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from condense.quantized import dequantized_weight, is_quantized_linear
+
 SUPPORTED_FAMILIES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
                       "mistral": "Mistral", "gemma": "Gemma", "gemma2": "Gemma2",
                       "gemma3_text": "Gemma3"}
@@ -232,24 +234,33 @@ def model_parts(model):
 
 # ---------------------------------------------------------------- per-head projections
 
-def _lora_linear_class():
+def _lora_linear_classes():
+    """peft's LoRA wrappers of a linear layer: plain, and over a 4-bit or 8-bit base."""
     try:
         from peft.tuners.lora.layer import Linear
-        return Linear
     except Exception:  # peft missing or reorganised: the generic path still works
         return None
+    try:
+        from peft.tuners.lora.bnb import Linear4bit, Linear8bitLt
+        return (Linear, Linear4bit, Linear8bitLt)
+    except Exception:  # peft without bitsandbytes
+        return (Linear,)
 
 
-_LORA_LINEAR = _lora_linear_class()
+_LORA_LINEAR = _lora_linear_classes()
 
 
 def affine_weight(module):
     """(W [out, in], b [out] or None) with module(x) == x @ W.T + b, or None when unknown.
 
-    Unknown modules (other adapters, quantized layers, LoRA variants like DoRA, active LoRA
-    dropout) return None and are called as modules instead."""
+    A bitsandbytes layer gives its exact dequantized weight (condense.quantized). Unknown
+    modules (other adapters, LoRA variants like DoRA, active LoRA dropout) return None and
+    are called as modules instead."""
     if type(module) is nn.Linear:
         return module.weight, module.bias
+    if is_quantized_linear(module):
+        W = dequantized_weight(module)
+        return W, None if module.bias is None else module.bias.to(W.dtype)
     if type(module) is Conv1D:
         return module.weight.T, module.bias
     if _LORA_LINEAR is not None and isinstance(module, _LORA_LINEAR):
@@ -285,6 +296,26 @@ def _rows(proj, head_dim, device):
     return proj.offset + head_of[:, None] * head_dim + torch.arange(head_dim, device=device)  # [H, dh]
 
 
+def _quantized_base(module) -> bool:
+    """A bitsandbytes layer, or a LoRA wrapper over one."""
+    return is_quantized_linear(getattr(module, "base_layer", module))
+
+
+def _recompute_weights_in_backward(fn):
+    """Over a quantized base, `fn`'s dequantized weight is recomputed in backward instead of
+    kept (activation checkpointing): autograd would otherwise hold a full-precision copy of
+    every quantized projection from forward to backward, the memory 4/8-bit loading saves."""
+    def wrapped(module_or_proj, x, *args):
+        module = getattr(module_or_proj, "module", module_or_proj)
+        if torch.is_grad_enabled() and _quantized_base(module) and not FORCE_GENERIC_PROJECTIONS:
+            from torch.utils.checkpoint import checkpoint
+            return checkpoint(fn, module_or_proj, x, *args, use_reentrant=False)
+        return fn(module_or_proj, x, *args)
+    wrapped.__doc__, wrapped.__name__ = fn.__doc__, fn.__name__
+    return wrapped
+
+
+@_recompute_weights_in_backward
 def project_per_head(proj, x, head_dim):
     """x [H, B, T, d_model] (each query head's own normalized input) -> [B, T, H, head_dim]."""
     rows = _rows(proj, head_dim, x.device)
@@ -310,6 +341,7 @@ def project_shared(proj, x, head_dim):
     return y[..., _rows(proj, head_dim, x.device)]
 
 
+@_recompute_weights_in_backward
 def split_heads_output(o_proj, z):
     """z [B, T, H, dh] -> (per-head outputs [B, T, H, d_model], constant [d_model] or None).
 
@@ -327,6 +359,7 @@ def split_heads_output(o_proj, z):
     return o_proj(z_alone) - const, const
 
 
+@_recompute_weights_in_backward
 def heads_output_sum(o_proj, z):
     """z [B, T, H, dh] -> (sum of the per-head outputs of split_heads_output [B, T, d_model],
     constant): o_proj(z) - o_proj(0), without forming each head's output."""

@@ -169,8 +169,9 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
 
     `name_or_path`: a named offline model (`NAMED_MODELS`, e.g. "smollm2-135m"), a `.gguf`
     file, a hub name ("gpt2", "meta-llama/Llama-3.2-1B") or a local folder.
-    `quantization`: None, "4bit" or "8bit" (bitsandbytes; needs the `quant` extra and,
-    for most builds, a GPU).
+    `quantization`: None, "4bit" (NF4) or "8bit" (bitsandbytes, the `quant` extra; CPU or
+    GPU). Quantized layers compute with their exact dequantized weight in `dtype` (default
+    float32): see condense.quantized for why.
     """
     from transformers import AutoModelForCausalLM
 
@@ -185,10 +186,13 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
         except ImportError as e:
             raise ImportError("4/8-bit loading needs bitsandbytes: pip install 'condense[quant]'") from e
         from transformers import BitsAndBytesConfig
+        # the unquantized parts (embeddings, norms, lm_head) and every quantized layer compute
+        # in one dtype, so that the graph's sums equal the model's own (condense.quantized)
+        kwargs["dtype"] = kwargs.get("dtype", torch.float32)
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=quantization == "4bit", load_in_8bit=quantization == "8bit",
-            bnb_4bit_compute_dtype=kwargs.get("dtype", torch.bfloat16))
-        kwargs["device_map"] = device or "auto"
+            bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"])
+        kwargs["device_map"] = str(device) if device is not None else "auto"
     folder = model_folder(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
@@ -198,6 +202,10 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
         raise OSError(f"cannot load model {name_or_path!r}: {where}") from e
     if device is not None and not quantization:
         model = model.to(device)
+    if quantization:
+        from condense.quantized import pin_dequantized_compute
+        if not pin_dequantized_compute(model, kwargs["dtype"]):
+            raise RuntimeError(f"{name_or_path}: {quantization} loading quantized no layer")
     return model.eval()
 
 

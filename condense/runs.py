@@ -39,7 +39,9 @@ def log(msg: str) -> None:
 
 
 def default_output_dir(cfg: RunConfig) -> str:
-    return os.path.join("checkpoints", f"{cfg.method}_{model_tag(cfg.model)}_{cfg.task}")
+    """checkpoints/<method>_<model>[_<quantization>]_<task>: a quantized base gets its own run."""
+    tag = model_tag(cfg.model) + (f"_{cfg.quantization}" if cfg.quantization else "")
+    return os.path.join("checkpoints", f"{cfg.method}_{tag}_{cfg.task}")
 
 
 def load_config(recipe: str, overrides=()) -> RunConfig:
@@ -81,7 +83,7 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
     from condense.patching import compute_means
     device = torch.device(cfg.device) if cfg.device else (
         accelerator.device if accelerator is not None else torch.device("cpu"))
-    model = load_model(cfg.model, dtype=cfg.dtype, device=device)
+    model = load_model(cfg.model, dtype=cfg.dtype, device=device, quantization=cfg.quantization)
     for p in model.parameters():
         p.requires_grad_(False)
     runtime = dict(apply_thread_policy(cfg.threads, model, processes=world()[1]), device=str(device))
@@ -255,7 +257,9 @@ def run(cfg: RunConfig) -> Optional[dict]:
         if accelerator.is_main_process:
             if wandb:
                 accelerator.log(_scalars(metrics))
-            log(f"wrote {out}/")
+            from condense.report import refresh_report
+            refresh_report(out)
+            log(f"wrote {out}/ (open {os.path.join(out, 'report.html')})")
         else:
             metrics = None
         accelerator.wait_for_everyone()
@@ -276,13 +280,16 @@ class RunFolder:
     circuit_path: str
     adapter: bool
 
-    def load_model(self, model: Optional[str] = None, device=None, dtype=None, threads=None):
+    def load_model(self, model: Optional[str] = None, device=None, dtype=None, threads=None,
+                   quantization: Optional[str] = "as run"):
         """(the base model with the run's adapter when it has one, tokenizer, device); CPU
-        threads by condense.runtime's policy unless `threads` is given."""
+        threads by condense.runtime's policy unless `threads` is given. The base is quantized
+        as the run's was unless `quantization` says otherwise (None: full precision)."""
         cfg = self.config
         model = model or cfg.model
         device = device or cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        net = load_model(model, dtype=dtype or cfg.dtype, device=device)
+        quantization = cfg.quantization if quantization == "as run" else quantization
+        net = load_model(model, dtype=dtype or cfg.dtype, device=device, quantization=quantization)
         apply_thread_policy(threads, net)
         if self.adapter:
             from peft import PeftModel

@@ -223,6 +223,9 @@ def test_run_writes_artifacts_that_read_back(tiny_dir, tmp_path, method):
         assert not bool((graph.in_graph & ~gated).any())
     else:
         assert torch.equal(gated, valid) and saved["steps"] == 12
+    from .test_report import check_run_report
+    dom = check_run_report(str(out), tmp_path)
+    assert dom is None or "Training steps" in dom
 
 
 def test_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch):

@@ -330,6 +330,11 @@ def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
                           "s3_budgets=[2,8]", "s3_reference=gpt2_ioi", f"output_dir={out}"])
     for name in ("circuit.json", "circuit.png", "roles.json", "training.png", "metrics.json", "recipe.yaml"):
         assert (out / name).stat().st_size > 0, name
+    from .test_report import check_run_report
+    dom = check_run_report(str(out), tmp_path)
+    if dom is not None:  # roles reach the page's hover cards
+        roles = json.loads(dom.split('id="report-data">')[1].split("</script>")[0])["roles"]
+        assert roles and set(roles.values()) <= {"unimportant", "passthrough", "functional"}
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["size"] == metrics["size"] > 0
     assert set(saved["baselines"]) == {"attribution_patching", "node_pruning", "random"}

@@ -372,6 +372,9 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, "explain.json"), report)
     atomic_write(os.path.join(out, "explain.md"), markdown(report))
+    if os.path.abspath(out) == os.path.abspath(run_dir):
+        from condense.report import refresh_report
+        refresh_report(run_dir)
     return report
 
 

@@ -688,7 +688,7 @@ class _Loop:
 
     def write(self, circuit, state, metrics):
         out = self.out
-        save_adapter(self.model, out)
+        save_adapter(self.model, out, self.cfg.model)
         circuit.to_json(os.path.join(out, "circuit.json"))
         circuit.to_image(os.path.join(out, "circuit.png"))
         _write_rounds(out, state["rounds"])
@@ -754,13 +754,22 @@ def initial_circuit(full, cfg, model):
     return circuit
 
 
-def save_adapter(peft_model, out):
-    """peft's save_pretrained into a scratch folder, then each file renamed into `out`."""
+def save_adapter(peft_model, out, base_model=None):
+    """peft's save_pretrained into a scratch folder, then each file renamed into `out`.
+    `base_model` (the recipe's model, e.g. "smollm2-135m") replaces the base path peft records,
+    which for a named model is this machine's cache folder."""
     import shutil
     import tempfile
     tmp = tempfile.mkdtemp(dir=out, prefix=".adapter-")
     try:
         peft_model.save_pretrained(tmp)
+        config = os.path.join(tmp, "adapter_config.json")
+        if base_model is not None and os.path.exists(config):
+            with open(config) as f:
+                data = json.load(f)
+            data["base_model_name_or_path"] = base_model
+            with open(config, "w") as f:
+                json.dump(data, f, indent=2)
         for name in sorted(os.listdir(tmp)):
             os.replace(os.path.join(tmp, name), os.path.join(out, name))
     finally:

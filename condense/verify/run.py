@@ -310,9 +310,10 @@ def run_criterion(cfg) -> dict:
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
-               criterion="run"):
+               criterion="run", quantization="as run"):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
-    criterion "run": the criterion the run itself used to accept its circuit (see run_criterion)."""
+    criterion "run": the criterion the run itself used to accept its circuit (see run_criterion).
+    quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     from condense.patching import compute_means
@@ -337,8 +338,9 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
                      else cfg.faithfulness_threshold)
     batch_size = batch_size or cfg.batch_size
     seed = cfg.seed
-    net, tokenizer, device = run.load_model(model, device, dtype, threads)
+    net, tokenizer, device = run.load_model(model, device, dtype, threads, quantization)
     model_path, adapter = model or cfg.model, run.adapter
+    quantization = cfg.quantization if quantization == "as run" else quantization
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
     graph = run.circuit(net)
     means = None
@@ -352,8 +354,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
         criterion=criterion, accuracy_tol=run_rule["accuracy_tol"])
-    report = dict(run_dir=run_dir, model=model_path, adapter=adapter, task=task, split=split,
-                  seed=seed, device=str(device), **report)
+    report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
+                  task=task, split=split, seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
 
     out = out_dir or run_dir
@@ -367,6 +369,9 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
                        f"{report['n_rows']} rows, {intervention}")
     plot_pairs(os.path.join(out, "verify_pairs.png"), report)
     write_json(os.path.join(out, "verify.json"), report)
+    if os.path.abspath(out) == os.path.abspath(run_dir):
+        from condense.report import refresh_report
+        refresh_report(run_dir)
     return report
 
 
@@ -397,16 +402,21 @@ def main(argv=None):
                     help="subset evaluation (condense.verify.subsets); auto = sparse where it applies")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--quantization", default="as-run", choices=("as-run", "none", "4bit", "8bit"),
+                    help="the base: quantized as the run's was (its recipe's quantization), full "
+                         "precision, or 4/8-bit (an adapter healed over one base loads over any)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: condense.runtime's policy)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
+    quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
     try:
         report = verify_run(args.run_dir, max_edges=args.max_edges, tau=args.tau, split=args.split,
                             n=args.n, batch_size=args.batch_size, threshold=args.threshold,
                             model=args.model, task=args.task, intervention=args.intervention,
                             method=args.method, device=args.device, dtype=args.dtype,
-                            out_dir=args.out, threads=args.threads, criterion=args.criterion)
+                            out_dir=args.out, threads=args.threads, criterion=args.criterion,
+                            quantization=quantization)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,636 @@
+"""One self-contained HTML page per run folder: `condense report RUN_DIR` writes report.html.
+
+    condense report RUN_DIR [--out FILE] [--edges N]
+
+The page holds everything inline (SVG, CSS, a small script; no network access): the command
+and resolved recipe, headline metrics beside the original model's, the circuit laid out by
+layer (input at the bottom, logits at the top, each layer's heads then its MLP; edge width by
+|score|; q/k/v receivers in their own colours), hover cards for nodes (S3martCirc role,
+WeightLens tokens, CircuitLens clusters) and edges (score, verify's interaction partners), a
+click on a node to highlight its paths to input and logits, then the run's curves (rounds or
+training steps, the faithfulness curve), the verifier's pictures, and links to the raw files.
+
+Every run writes it at its end; verify and explain refresh it. Large circuits (tens of
+thousands of edges) draw their strongest `--edges` edges first, with a control for more.
+`report.html#edges=all` opens with every edge drawn, `#node=a9.h6` with a node's paths lit.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import html
+import json
+import math
+import os
+import sys
+from typing import Optional
+
+from condense.artifacts import atomic_write
+
+DEFAULT_SHOWN_EDGES = 1000
+KIND_COLOURS = {"q": "#2f6fdf", "k": "#1a9a50", "v": "#e07b00", "": "#666666"}
+
+
+# ---------------------------------------------------------------- reading the folder
+def _read_json(path: str):
+    if not os.path.exists(path):
+        return None
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+def _read_jsonl(path: str) -> list:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def circuit_path(run_dir: str) -> Optional[str]:
+    for name in ("circuit.json", "circuit.json.gz"):
+        if os.path.exists(os.path.join(run_dir, name)):
+            return os.path.join(run_dir, name)
+    return None
+
+
+def split_edge(name: str) -> tuple:
+    """'a3.h1->a5.h2<q>' -> ('a3.h1', 'a5.h2', 'q'); 'm0->logits' -> ('m0', 'logits', '')."""
+    sender, receiver = name.split("->")
+    kind = ""
+    if receiver.endswith(">"):
+        receiver, kind = receiver[:-1].split("<")
+    return sender, receiver, kind
+
+
+def circuit_data(circuit: dict) -> dict:
+    """The circuit's in-graph edges, strongest |score| first, and the nodes they touch."""
+    edges = [(name, e["score"]) for name, e in circuit["edges"].items() if e["in_graph"]]
+    edges.sort(key=lambda item: -abs(item[1] or 0.0))
+    rows = []
+    touched = set()
+    for name, score in edges:
+        s, r, kind = split_edge(name)
+        rows.append([s, r, kind, score])
+        touched.update((s, r))
+    roles = {n: v["role"] for n, v in circuit.get("nodes", {}).items() if "role" in v}
+    return dict(cfg=circuit.get("cfg", {}), edges=rows, nodes=sorted(touched), roles=roles,
+                neurons=sorted(circuit.get("neurons", {})))
+
+
+def _explain_cards(explain: Optional[dict]) -> dict:
+    """node -> short hover text from explain.json (WeightLens tokens, CircuitLens clusters)."""
+    if not explain:
+        return {}
+    cards = {}
+    for name, node in explain.get("nodes", {}).items():
+        lines = []
+        wl = node.get("weightlens") or {}
+        for key, label in (("input", "reads"), ("promoted", "promotes"), ("suppressed", "suppresses")):
+            tokens = (wl.get("validated_tokens") or {}).get(key)
+            if tokens is None and key != "input":
+                tokens = [t["token"] for t in wl.get("output_tokens", [])
+                          if t.get("validated") and t.get("sign", "") == ("+" if key == "promoted" else "-")]
+            if tokens is None:
+                tokens = [t["token"] for t in wl.get("ov_input", []) if t.get("validated")]
+            if tokens:
+                lines.append(f"WeightLens {label}: " + ", ".join(repr(t) for t in tokens[:8]))
+        for c in (node.get("circuitlens") or {}).get("clusters", [])[:3]:
+            text = (c.get("top_contexts") or [{}])[0].get("text", "")
+            lines.append(f"CircuitLens cluster of {c.get('size')}: …{text[-60:]}")
+        if node.get("description"):
+            lines.append(str(node["description"]))
+        cards[name] = lines
+    return cards
+
+
+def collect(run_dir: str) -> dict:
+    """Everything the page shows, from the files in `run_dir` (missing files are skipped)."""
+    import yaml
+    join = lambda name: os.path.join(run_dir, name)  # noqa: E731
+    recipe_text = open(join("recipe.yaml")).read() if os.path.exists(join("recipe.yaml")) else ""
+    recipe = (yaml.safe_load(recipe_text) or {}) if recipe_text else {}
+    path = circuit_path(run_dir)
+    circuit = circuit_data(_read_json(path)) if path else None
+    metrics = _read_json(join("metrics.json")) or {}
+    verify = _read_json(join("verify.json"))
+    explain = _read_json(join("explain.json"))
+    return dict(
+        name=os.path.basename(os.path.normpath(run_dir)), recipe_text=recipe_text, recipe=recipe,
+        metrics=metrics, circuit=circuit, circuit_file=os.path.basename(path) if path else None,
+        rounds=_read_jsonl(join("rounds.jsonl")), training=_read_jsonl(join("training.jsonl")),
+        verify=verify, explain_cards=_explain_cards(explain), runtime=_read_json(join("runtime.json")),
+        baseline=_baseline_edges(run_dir, recipe),
+        files=sorted(f for f in os.listdir(run_dir)
+                     if os.path.isfile(join(f)) and f != "report.html"))
+
+
+def _baseline_edges(run_dir: str, recipe: dict) -> Optional[dict]:
+    """EAP-IG's smallest faithful circuit for the same model and task, when a run of it sits
+    beside this one (checkpoints/eap_ig_<model>_<task>)."""
+    from condense.models import model_tag
+    if not recipe.get("model") or not recipe.get("task") or recipe.get("method") == "eap_ig":
+        return None
+    folder = os.path.join(os.path.dirname(os.path.normpath(run_dir)),
+                          f"eap_ig_{model_tag(recipe['model'])}_{recipe['task']}")
+    m = _read_json(os.path.join(folder, "metrics.json"))
+    if not m or "edges" not in m:
+        return None
+    return dict(edges=m["edges"], folder=os.path.relpath(folder, run_dir))
+
+
+# ---------------------------------------------------------------- pieces of the page
+HEADLINE = [  # (label, metrics key, the original model's key)
+    ("edges", "edges", "total_edges"),
+    ("nodes", "size", None),
+    ("accuracy", "accuracy", ("accuracy_original", "accuracy_full")),
+    ("logit difference", "logit_diff", ("logit_diff_original", "logit_diff_full")),
+    ("faithfulness", "faithfulness", None),
+    ("KL to the original", "kl", None),
+    ("top-1 agreement", "top1_agreement", None),
+    ("perplexity ratio", "ppl_ratio", None),
+]
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def headline_rows(metrics: dict, baseline: Optional[dict]) -> list:
+    """[(label, key, this run's value, the original model's value)] for what the run has."""
+    rows = []
+    for label, key, original in HEADLINE:
+        if key not in metrics:
+            continue
+        keys = original if isinstance(original, tuple) else (original,)
+        orig = next((metrics[k] for k in keys if k and k in metrics), None)
+        rows.append((label, key, metrics[key], orig))
+    if baseline is not None:
+        rows.append(("EAP-IG smallest faithful circuit", "baseline_edges", baseline["edges"], None))
+    return rows
+
+
+def metrics_table(metrics: dict, baseline: Optional[dict]) -> str:
+    cells = "".join(
+        f'<tr><th>{html.escape(label)}</th><td class="metric" data-key="{key}" '
+        f'data-value="{html.escape(repr(value))}">{_fmt(value)}</td><td>{_fmt(orig)}</td></tr>'
+        for label, key, value, orig in headline_rows(metrics, baseline))
+    if not cells:
+        return "<p>No metrics.json in this folder.</p>"
+    return (f'<table class="metrics"><tr><th></th><th>this run</th><th>original model</th></tr>'
+            f"{cells}</table>")
+
+
+def _polyline(points, colour, dash="") -> str:
+    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    extra = f' stroke-dasharray="{dash}"' if dash else ""
+    return f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.6"{extra}/>'
+
+
+def line_chart(title: str, xs: list, series: list, *, log_y_first=False, x_label="",
+               markers: Optional[list] = None, log_x=False, width=640, height=260) -> str:
+    """An inline SVG chart. `series`: [(label, ys, colour, axis)] with axis "left" or "right"
+    (right: 0..1). `markers`: per-x True/False (accepted / rejected) drawn on the first series."""
+    if not xs:
+        return ""
+    pad_l, pad_r, pad_t, pad_b = 56, 48, 26, 34
+    fx = (lambda v: math.log10(max(v, 1e-9))) if log_x else float
+    x0, x1 = min(map(fx, xs)), max(map(fx, xs))
+    x1 = x1 if x1 > x0 else x0 + 1
+    sx = lambda v: pad_l + (fx(v) - x0) / (x1 - x0) * (width - pad_l - pad_r)  # noqa: E731
+    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+             f'<text x="{pad_l}" y="16" class="title">{html.escape(title)}</text>']
+    left = [ys for _, ys, _, axis in series if axis == "left"]
+    lvals = [y for ys in left for y in ys if y is not None]
+    ly = lambda v: v  # noqa: E731
+    if lvals and log_y_first:
+        ly = lambda v: math.log10(max(v, 1e-9))  # noqa: E731
+    lo, hi = (min(map(ly, lvals)), max(map(ly, lvals))) if lvals else (0, 1)
+    hi = hi if hi > lo else lo + 1
+    inner = height - pad_t - pad_b
+    syl = lambda v: pad_t + (1 - (ly(v) - lo) / (hi - lo)) * inner  # noqa: E731
+    syr = lambda v: pad_t + (1 - v) * inner  # noqa: E731
+    parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{width - pad_l - pad_r}" height="{inner}" '
+                 f'fill="none" stroke="#ccc"/>')
+    if lvals:
+        for frac in (0, 0.5, 1):
+            v = lo + frac * (hi - lo)
+            label = f"{10 ** v:,.0f}" if log_y_first else f"{v:.3g}"
+            parts.append(f'<text x="{pad_l - 4}" y="{syl(10 ** v if log_y_first else v) + 4:.1f}" '
+                         f'class="tick" text-anchor="end">{label}</text>')
+    if any(axis == "right" for *_, axis in series):
+        for v in (0, 0.5, 1):
+            parts.append(f'<text x="{width - pad_r + 4}" y="{syr(v) + 4:.1f}" class="tick">{v:g}</text>')
+    for v in (xs[0], xs[len(xs) // 2], xs[-1]):
+        parts.append(f'<text x="{sx(v):.1f}" y="{height - pad_b + 14}" class="tick" '
+                     f'text-anchor="middle">{_fmt(v)}</text>')
+    parts.append(f'<text x="{(width) / 2:.0f}" y="{height - 4}" class="tick" '
+                 f'text-anchor="middle">{html.escape(x_label)}</text>')
+    legend_x = pad_l + 8
+    for label, ys, colour, axis in series:
+        sy = syl if axis == "left" else syr
+        pts = [(sx(x), sy(y)) for x, y in zip(xs, ys) if y is not None and y == y]
+        parts.append(_polyline(pts, colour))
+        parts.append(f'<text x="{legend_x}" y="{pad_t + 14}" class="tick" fill="{colour}">'
+                     f'{html.escape(label)}</text>')
+        legend_x += 10 + 7 * len(label)
+    if markers is not None and series:
+        _, ys, _, axis = series[0]
+        sy = syl if axis == "left" else syr
+        for x, y, ok in zip(xs, ys, markers):
+            if y is None:
+                continue
+            cls = "accepted" if ok else "rejected"
+            parts.append(f'<circle class="{cls}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4">'
+                         f'<title>{"accepted" if ok else "rejected"}: {_fmt(y)}</title></circle>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def rounds_chart(rounds: list) -> str:
+    if not rounds:
+        return ""
+    xs = [r["round"] for r in rounds]
+    series = [("edges (log)", [r.get("edges") for r in rounds], "#333", "left"),
+              ("accuracy", [r.get("accuracy") for r in rounds], "#2f6fdf", "right")]
+    if any(r.get("faithfulness") is not None for r in rounds):
+        series.append(("faithfulness", [min(max(r.get("faithfulness") or 0, 0), 1) for r in rounds],
+                       "#e07b00", "right"))
+    return line_chart("Rounds: circuit size and gate metrics (filled: accepted, red: rejected)",
+                      xs, series, log_y_first=True, x_label="round",
+                      markers=[bool(r.get("accepted")) for r in rounds])
+
+
+def training_chart(history: list) -> str:
+    if not history or "step" not in history[0]:
+        return ""
+    xs = [h["step"] for h in history]
+    series = []
+    for key, colour in (("kl", "#333"), ("loss", "#999")):
+        if key in history[0]:
+            series.append((key, [h.get(key) for h in history], colour, "left"))
+    for key, colour in (("sparsity", "#2f6fdf"), ("target", "#e07b00"), ("accuracy", "#1a9a50")):
+        if key in history[0]:
+            series.append((key, [h.get(key) for h in history], colour, "right"))
+    return line_chart("Training steps", xs, series, x_label="step")
+
+
+def faithfulness_chart(metrics: dict) -> str:
+    curve = metrics.get("curve_absolute") or metrics.get("curve")
+    if not isinstance(curve, dict) or "edges" not in curve or "faithfulness" not in curve:
+        return ""
+    pairs = [(e, f) for e, f in zip(curve["edges"], curve["faithfulness"]) if e and e > 0]
+    if not pairs:
+        return ""
+    xs, ys = [e for e, _ in pairs], [min(max(f, 0), 1.2) / 1.2 for _, f in pairs]
+    return line_chart("Faithfulness of the top-n circuits by |score| (right axis: f / 1.2)",
+                      xs, [("faithfulness", ys, "#e07b00", "right")], log_x=True,
+                      x_label="edges (log)")
+
+
+def subset_histogram(verify: dict) -> str:
+    sizes = verify.get("faithful_subset_sizes") or {}
+    by_size = verify.get("faithfulness_by_size") or {}
+    if not by_size:
+        return ""
+    keys = sorted(by_size, key=int)
+    width, height, pad = 640, 220, 40
+    total = max(by_size[k]["subsets"] for k in keys) or 1
+    bw = (width - 2 * pad) / len(keys)
+    parts = [f'<svg class="chart" id="subset-histogram" width="{width}" height="{height}">',
+             f'<text x="{pad}" y="16" class="title">Subsets by size: all (grey) and passing the '
+             f'criterion (green)</text>']
+    for i, k in enumerate(keys):
+        n_all, n_ok = by_size[k]["subsets"], int(sizes.get(k, by_size[k].get("faithful", 0)))
+        h_all = (height - 2 * pad) * n_all / total
+        h_ok = (height - 2 * pad) * n_ok / total
+        x = pad + i * bw
+        parts.append(f'<rect x="{x + 1:.1f}" y="{height - pad - h_all:.1f}" width="{bw - 2:.1f}" '
+                     f'height="{h_all:.1f}" fill="#ddd"><title>size {k}: {n_all} subsets</title></rect>')
+        parts.append(f'<rect x="{x + 1:.1f}" y="{height - pad - h_ok:.1f}" width="{bw - 2:.1f}" '
+                     f'height="{h_ok:.1f}" fill="#1a9a50"><title>size {k}: {n_ok} pass</title></rect>')
+        if len(keys) <= 24 or i % 2 == 0:
+            parts.append(f'<text x="{x + bw / 2:.1f}" y="{height - pad + 14}" class="tick" '
+                         f'text-anchor="middle">{k}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def pair_heatmap(verify: dict) -> str:
+    edges, pairs = verify.get("edges") or [], verify.get("pairs") or []
+    if not edges or not pairs:
+        return ""
+    n = len(edges)
+    cell = max(8, min(28, 420 // n))
+    pad = 12
+    size = pad * 2 + cell * n
+    top = max((abs(p["interaction"]) for p in pairs), default=1.0) or 1.0
+    parts = [f'<svg class="chart" id="pair-heatmap" width="{size + 260}" height="{size + 24}">',
+             f'<text x="{pad}" y="14" class="title">Pair interactions |Δij − Δi − Δj| '
+             f'(darker: stronger; outlined: interacts)</text>']
+    for p in pairs:
+        for i, j in ((p["i"], p["j"]), (p["j"], p["i"])):
+            shade = int(255 - 200 * min(abs(p["interaction"]) / top, 1))
+            stroke = ' stroke="#c00"' if p.get("interacts") else ""
+            parts.append(f'<rect x="{pad + j * cell}" y="{24 + i * cell}" width="{cell - 1}" '
+                         f'height="{cell - 1}" fill="rgb({shade},{shade},255)"{stroke}><title>'
+                         f'{html.escape(p["edge_i"])} × {html.escape(p["edge_j"])}: '
+                         f'{p["interaction"]:.3g}</title></rect>')
+    for i, e in enumerate(edges):
+        parts.append(f'<text x="{pad + n * cell + 6}" y="{24 + i * cell + cell * 0.7:.1f}" '
+                     f'class="tick">{i}: {html.escape(e)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def verify_summary(verify: dict) -> str:
+    if not verify:
+        return ('<p>Not verified yet: <code>condense verify RUN_DIR</code> (circuits up to 20 '
+                'edges) adds subsets, pairs and their pictures here.</p>')
+    items = [("criterion", verify.get("criterion")), ("circuit passes it", verify.get("circuit_faithful")),
+             ("irreducible", verify.get("irreducible")),
+             ("minimal faithful subsets", verify.get("n_minimal_faithful_subsets")),
+             ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
+             ("median partners", verify.get("partners_median")),
+             ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]
+    cells = "".join(f"<tr><th>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
+    return f'<table class="metrics" id="verify-summary">{cells}</table>'
+
+
+# ---------------------------------------------------------------- the page
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+code,pre{font:12px/1.4 ui-monospace,monospace;background:#f5f5f5}
+pre{padding:8px;overflow:auto;max-height:320px}
+table.metrics{border-collapse:collapse} table.metrics td,table.metrics th{padding:3px 12px;
+border-bottom:1px solid #eee;text-align:left}
+.chart text.title{font-weight:600;font-size:12px} .chart text.tick{font-size:11px;fill:#555}
+circle.accepted{fill:#333} circle.rejected{fill:#fff;stroke:#c00;stroke-width:2}
+#circuit{border:1px solid #ddd;background:#fcfcfc}
+#circuit line.edge{stroke-opacity:.55} #circuit line.edge:hover{stroke-opacity:1}
+#circuit .node circle,#circuit .node rect{stroke:#333;stroke-width:1}
+#circuit .node.off circle,#circuit .node.off rect{fill:#f0f0f0;stroke:#ccc}
+#circuit .node.on circle,#circuit .node.on rect{fill:#fff}
+#circuit .node text{font-size:9px;fill:#333;pointer-events:none}
+#circuit.focus line.edge{stroke-opacity:.06} #circuit.focus line.edge.lit{stroke-opacity:1}
+#circuit.focus .node.on:not(.lit){opacity:.25}
+#tip{position:fixed;display:none;max-width:420px;background:#fff;border:1px solid #999;
+padding:6px 8px;font-size:12px;box-shadow:0 2px 8px #0003;pointer-events:none;white-space:pre-wrap}
+.legend span{display:inline-block;margin-right:14px} .legend i{display:inline-block;width:18px;
+height:3px;vertical-align:middle;margin-right:4px}
+#errors{color:#c00}
+"""
+
+SCRIPT = r"""
+(function () {
+  const errors = document.getElementById("errors");
+  window.addEventListener("error", e => { errors.textContent += "error: " + e.message + "\n"; });
+  const data = JSON.parse(document.getElementById("report-data").textContent);
+  const c = data.circuit;
+  const svg = document.getElementById("circuit");
+  if (!c || !svg) return;
+  const NS = "http://www.w3.org/2000/svg";
+  const colours = data.colours, tip = document.getElementById("tip");
+  const L = c.cfg.n_layers || 1, H = c.cfg.n_heads || 1;
+  const colW = Math.max(46, Math.min(90, 900 / (H + 1))), rowH = 26, left = 60, bottom = 30;
+  const W = left + (H + 1) * colW + 40, rows = 2 * L + 2, Ht = rows * rowH + bottom + 10;
+  svg.setAttribute("width", W); svg.setAttribute("height", Ht);
+  svg.setAttribute("viewBox", "0 0 " + W + " " + Ht);
+  // where a node sits: input row 0, layer l's heads row 2l+1, its MLP row 2l+2, logits on top
+  function place(name) {
+    let m;
+    if (name === "input") return [left + H * colW / 2, Ht - bottom];
+    if (name === "logits") return [left + H * colW / 2, Ht - bottom - (rows - 1) * rowH];
+    if ((m = /^a(\d+)\.h(\d+)$/.exec(name))) return [left + (+m[2]) * colW + colW / 2, Ht - bottom - (2 * m[1] + 1) * rowH];
+    if ((m = /^m(\d+)$/.exec(name))) return [left + H * colW + colW / 2, Ht - bottom - (2 * m[1] + 2) * rowH];
+    if ((m = /^m(\d+)\.n(\d+)$/.exec(name))) return [left + H * colW + colW / 2, Ht - bottom - (2 * m[1] + 2) * rowH];
+    return [left, Ht - bottom];
+  }
+  const KOFF = {q: -9, k: 0, v: 9, "": 0};
+  const onNodes = new Set(c.nodes);
+  const edgeLayer = document.createElementNS(NS, "g"), nodeLayer = document.createElementNS(NS, "g");
+  edgeLayer.setAttribute("id", "edges"); nodeLayer.setAttribute("id", "nodes");
+  svg.appendChild(edgeLayer); svg.appendChild(nodeLayer);
+  for (let l = 0; l < L; l++) {
+    const t = document.createElementNS(NS, "text");
+    t.setAttribute("x", 6); t.setAttribute("y", Ht - bottom - (2 * l + 1) * rowH + 4);
+    t.setAttribute("class", "layer-label"); t.setAttribute("font-size", "10"); t.textContent = "layer " + l;
+    svg.insertBefore(t, edgeLayer);
+  }
+  const all = ["input", "logits"];
+  for (let l = 0; l < L; l++) { for (let h = 0; h < H; h++) all.push("a" + l + ".h" + h); all.push("m" + l); }
+  for (const n of c.nodes) if (!all.includes(n)) all.push(n);
+  const nodeEls = {};
+  for (const name of all) {
+    const [x, y] = place(name), g = document.createElementNS(NS, "g");
+    const on = onNodes.has(name);
+    g.setAttribute("class", "node " + (on ? "on" : "off")); g.dataset.name = name;
+    let shape;
+    if (name.startsWith("m") || name === "input" || name === "logits") {
+      shape = document.createElementNS(NS, "rect");
+      const w = name.startsWith("m") ? 30 : 60;
+      shape.setAttribute("x", x - w / 2); shape.setAttribute("y", y - 8);
+      shape.setAttribute("width", w); shape.setAttribute("height", 16); shape.setAttribute("rx", 3);
+    } else {
+      shape = document.createElementNS(NS, "circle");
+      shape.setAttribute("cx", x); shape.setAttribute("cy", y); shape.setAttribute("r", 8);
+    }
+    g.appendChild(shape);
+    if (on) {
+      const t = document.createElementNS(NS, "text");
+      t.setAttribute("x", x); t.setAttribute("y", y + 3); t.setAttribute("text-anchor", "middle");
+      t.textContent = name === "input" || name === "logits" ? name : name.replace(/^a\d+\./, "");
+      g.appendChild(t);
+    }
+    nodeLayer.appendChild(g); nodeEls[name] = g;
+  }
+  const maxScore = Math.max(1e-12, ...c.edges.map(e => Math.abs(e[3] || 0)));
+  let shown = [];
+  function draw(limit) {
+    const begin = performance.now();
+    edgeLayer.textContent = "";
+    shown = c.edges.slice(0, limit);
+    const frag = document.createDocumentFragment();
+    shown.forEach((e, i) => {
+      const [s, r, kind, score] = e, [x1, y1] = place(s), [x2, y2] = place(r);
+      const line = document.createElementNS(NS, "line");
+      line.setAttribute("x1", x1); line.setAttribute("y1", y1 - 8);
+      line.setAttribute("x2", x2 + (KOFF[kind] || 0)); line.setAttribute("y2", y2 + 8);
+      line.setAttribute("stroke", colours[kind] || colours[""]);
+      line.setAttribute("stroke-width", (0.6 + 4.4 * Math.abs(score || 0) / maxScore).toFixed(2));
+      line.setAttribute("class", "edge"); line.dataset.index = i;
+      frag.appendChild(line);
+    });
+    edgeLayer.appendChild(frag);
+    document.getElementById("edge-count").textContent =
+      "showing " + shown.length.toLocaleString("en") + " of " + c.edges.length.toLocaleString("en") + " edges";
+    svg.dataset.shownEdges = shown.length;
+    svg.dataset.drawMs = (performance.now() - begin).toFixed(1);
+  }
+  function show(ev, text) {
+    tip.textContent = text; tip.style.display = "block";
+    tip.style.left = Math.min(ev.clientX + 14, window.innerWidth - 440) + "px";
+    tip.style.top = (ev.clientY + 14) + "px";
+  }
+  svg.addEventListener("mousemove", ev => {
+    const t = ev.target;
+    if (t.classList && t.classList.contains("edge")) {
+      const [s, r, kind, score] = shown[+t.dataset.index];
+      const name = s + "->" + r + (kind ? "<" + kind + ">" : "");
+      const partners = (data.partners || {})[name];
+      show(ev, name + "\nscore " + (score === null ? "–" : (+score).toPrecision(4)) +
+        (kind ? "\nreceiver input: " + kind : "") +
+        (partners !== undefined ? "\ninteracts with " + partners + " other edges (verify)" : ""));
+    } else if (t.closest && t.closest(".node")) {
+      const name = t.closest(".node").dataset.name;
+      const lines = [name];
+      if (data.roles[name]) lines.push("role: " + data.roles[name]);
+      for (const l of data.cards[name] || []) lines.push(l);
+      if (!onNodes.has(name)) lines.push("(not in the circuit)");
+      show(ev, lines.join("\n"));
+    } else tip.style.display = "none";
+  });
+  svg.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+  // a click on a node lights its paths down to input and up to logits, among the shown edges
+  let focused = null;
+  function focusNode(name) {
+    svg.querySelectorAll(".lit").forEach(x => x.classList.remove("lit"));
+    focused = name && onNodes.has(name) ? name : null;
+    svg.dataset.focus = focused || "";
+    if (!focused) { svg.classList.remove("focus"); return; }
+    const up = {}, down = {};
+    shown.forEach((e, i) => { (down[e[1]] = down[e[1]] || []).push([e[0], i]); (up[e[0]] = up[e[0]] || []).push([e[1], i]); });
+    const lit = new Set([focused]), edgesLit = new Set();
+    for (const graph of [down, up]) {
+      const stack = [focused], seen = new Set([focused]);
+      while (stack.length) {
+        const n = stack.pop();
+        for (const [m, i] of graph[n] || []) { edgesLit.add(i); lit.add(m); if (!seen.has(m)) { seen.add(m); stack.push(m); } }
+      }
+    }
+    svg.classList.add("focus");
+    lit.forEach(n => nodeEls[n] && nodeEls[n].classList.add("lit"));
+    edgeLayer.querySelectorAll("line.edge").forEach(l => { if (edgesLit.has(+l.dataset.index)) l.classList.add("lit"); });
+  }
+  svg.addEventListener("click", ev => {
+    const g = ev.target.closest && ev.target.closest(".node");
+    focusNode(g ? g.dataset.name : null);
+  });
+  const select = document.getElementById("edge-limit");
+  const wanted = /edges=(all|\d+)/.exec(location.hash + location.search);
+  let limit = wanted ? (wanted[1] === "all" ? c.edges.length : +wanted[1]) : data.shown;
+  if (![...select.options].some(o => +o.value === limit)) {
+    const o = document.createElement("option"); o.value = limit; o.textContent = limit.toLocaleString("en"); select.appendChild(o);
+  }
+  select.value = String(limit);
+  select.addEventListener("change", () => { draw(+select.value); focusNode(focused); });
+  draw(limit);
+  const node = /node=([^&]+)/.exec(location.hash);  // a link to a node: report.html#node=a9.h6
+  if (node) focusNode(decodeURIComponent(node[1]));
+  document.body.dataset.ready = "1";
+})();
+"""
+
+
+def render(data: dict, shown_edges: int = DEFAULT_SHOWN_EDGES) -> str:
+    """The page for `data` (collect's)."""
+    m, c = data["metrics"], data["circuit"]
+    recipe = data["recipe"]
+    method = recipe.get("method") or m.get("method") or "?"
+    title = f"{data['name']}: {method} on {recipe.get('task', m.get('task', '?'))}, {recipe.get('model', m.get('model', '?'))}"
+    command = f"condense run --recipe {data['name']}/recipe.yaml"
+    first = data["recipe_text"].splitlines()[0] if data["recipe_text"] else ""
+    if first.startswith("# condense run"):
+        command = first[2:]
+    n_edges = len(c["edges"]) if c else 0
+    shown = min(shown_edges, n_edges)
+    options = sorted({v for v in (100, 250, 1000, 5000, 20000) if v < n_edges} | {shown, n_edges})
+    payload = dict(
+        circuit=c, shown=shown, colours=KIND_COLOURS,
+        roles=(c or {}).get("roles", {}), cards=data["explain_cards"],
+        partners=(data["verify"] or {}).get("partners", {}))
+    blob = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+    legend = "".join(f'<span><i style="background:{col}"></i>{label}</span>' for label, col in
+                     (("→ query", KIND_COLOURS["q"]), ("→ key", KIND_COLOURS["k"]),
+                      ("→ value", KIND_COLOURS["v"]), ("→ MLP / logits", KIND_COLOURS[""])))
+    sections = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p><code>{html.escape(command)}</code></p>",
+        "<h2>Headline</h2>", metrics_table(m, data["baseline"]),
+    ]
+    if c:
+        opts = "".join(f'<option value="{v}">{v:,}</option>' for v in options)
+        neurons = (f"<p>{len(c['neurons']):,} neurons carry roles (S3martCirc).</p>"
+                   if c["neurons"] else "")
+        sections += [
+            "<h2>Circuit</h2>",
+            f'<p class="legend">{legend} <label>edges (strongest |score| first): '
+            f'<select id="edge-limit">{opts}</select></label> <span id="edge-count"></span></p>',
+            "<p>Hover a node or an edge for what is known about it; click a node to light its "
+            "paths to input and logits (click elsewhere to clear).</p>",
+            f'<svg id="circuit" data-edges="{n_edges}" data-nodes="{len(c["nodes"])}"></svg>',
+            neurons]
+    charts = [rounds_chart(data["rounds"]), training_chart(data["training"]), faithfulness_chart(m)]
+    if any(charts):
+        sections += ["<h2>Curves</h2>"] + [ch for ch in charts if ch]
+    sections += ["<h2>Verification</h2>", verify_summary(data["verify"])]
+    if data["verify"]:
+        sections += [subset_histogram(data["verify"]), pair_heatmap(data["verify"])]
+    sections += [
+        "<h2>Recipe</h2>", f"<pre>{html.escape(data['recipe_text'])}</pre>",
+        "<h2>Files</h2>",
+        "<ul>" + "".join(f'<li><a href="{html.escape(f)}">{html.escape(f)}</a></li>'
+                         for f in data["files"]) + "</ul>",
+    ]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(sections)}"
+            f'<div id="tip"></div><pre id="errors"></pre>'
+            f'<script type="application/json" id="report-data">{blob}</script>'
+            f"<script>{SCRIPT}</script></body></html>")
+
+
+def write_report(run_dir: str, out: Optional[str] = None,
+                 shown_edges: int = DEFAULT_SHOWN_EDGES) -> str:
+    """Write `run_dir`/report.html (or `out`); returns its path."""
+    path = out or os.path.join(run_dir, "report.html")
+    atomic_write(path, render(collect(run_dir), shown_edges))
+    return path
+
+
+def refresh_report(run_dir: str) -> None:
+    """Rewrite a run's report after verify or explain changed the folder; a failure is
+    printed, never raised (the report must not cost the work that ran before it)."""
+    try:
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - any failure: say so and keep the run's results
+        print(f"[condense] report.html not written: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="condense report",
+                                 description="Write a run folder's self-contained report.html.")
+    ap.add_argument("run_dir", help="a run folder (circuit.json, metrics.json, ...)")
+    ap.add_argument("--out", default=None, help="write here instead of RUN_DIR/report.html")
+    ap.add_argument("--edges", type=int, default=DEFAULT_SHOWN_EDGES,
+                    help="edges drawn when the page opens (strongest first; the page has a "
+                         "control for more); default %(default)s")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.run_dir):
+        print(f"condense report: {args.run_dir}: no such folder", file=sys.stderr)
+        return 2
+    print(write_report(args.run_dir, args.out, args.edges))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
