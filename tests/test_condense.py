@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from condense.methods import condensation as condense_trainer
+from condense.methods.condensation import healing, loop
+from condense.methods.condensation import state as saved_state
 from condense.config import RecipeError
 
 ORGANISM = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "organism")
@@ -116,12 +117,12 @@ def test_base_weights_unchanged(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items()}
     seen = {}
-    real = condense_trainer.add_adapter
+    real = loop.add_adapter
 
     def spy(model, cfg):
         seen["model"] = model
         return real(model, cfg)
-    monkeypatch.setattr(condense_trainer, "add_adapter", spy)
+    monkeypatch.setattr(loop, "add_adapter", spy)
     _run(_recipe(tmp_path, tiny_model, max_rounds=1), f"output_dir={tmp_path / 'out'}")
     after = seen["model"].state_dict()
     for k, v in before.items():
@@ -140,14 +141,14 @@ def test_rejected_cut_halves_and_rolls_back(tiny_model, tmp_path):
 
 
 def test_nan_in_heal_rejects_round(tiny_model, tmp_path, monkeypatch):
-    real = condense_trainer.heal_loss
+    real = healing.heal_loss
     calls = {"n": 0}
 
     def nan_once(*a, **k):
         calls["n"] += 1
         loss = real(*a, **k)
         return loss * float("nan") if calls["n"] == 2 else loss
-    monkeypatch.setattr(condense_trainer, "heal_loss", nan_once)
+    monkeypatch.setattr(healing, "heal_loss", nan_once)
     out = str(tmp_path / "out")
     _run(_recipe(tmp_path, tiny_model, max_rounds=2), f"output_dir={out}")
     rounds = _rounds(out)
@@ -169,7 +170,7 @@ def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
     out_full, _ = full_run
     out = str(tmp_path / "out")
     recipe = _recipe(tmp_path, tiny_model)
-    real = condense_trainer.rank
+    real = loop.rank
     calls = {"n": 0}
 
     def crash_in_round_2(*a, **k):
@@ -177,13 +178,13 @@ def test_resume_gives_same_circuit(full_run, tiny_model, tmp_path, monkeypatch):
         if calls["n"] == 2:
             raise KeyboardInterrupt("killed")
         return real(*a, **k)
-    monkeypatch.setattr(condense_trainer, "rank", crash_in_round_2)
+    monkeypatch.setattr(loop, "rank", crash_in_round_2)
     with pytest.raises(KeyboardInterrupt):
         _run(recipe, f"output_dir={out}")
     assert not os.path.exists(os.path.join(out, "metrics.json"))
     with open(os.path.join(out, "state", "state.json")) as f:
         assert json.load(f)["round"] == 1
-    monkeypatch.setattr(condense_trainer, "rank", real)
+    monkeypatch.setattr(loop, "rank", real)
     _run(recipe, f"output_dir={out}")
     assert [r["round"] for r in _rounds(out)] == [1, 2, 3]
     assert _edges(out) == _edges(out_full)
@@ -324,15 +325,15 @@ def test_shortcuts_heal_if_needed_early_rank_method_and_rank_rows(tiny_model, tm
     """heal_if_needed heals only candidates the gate rejects unhealed; early_rank_method ranks
     while the circuit is larger than early_rank_edges; rank_rows limits the ranking rows."""
     seen = []
-    real = condense_trainer.attribute
+    real = loop.attribute
 
     def spy(model, graph, rows, method, **kw):
         seen.append((graph.count_edges(on_path=True), method, len(rows)))
         return real(model, graph, rows, method, **kw)
-    monkeypatch.setattr(condense_trainer, "attribute", spy)
+    monkeypatch.setattr(loop, "attribute", spy)
     healed = []
-    real_heal = condense_trainer.heal
-    monkeypatch.setattr(condense_trainer, "heal", lambda *a, **k: healed.append(1) or real_heal(*a, **k))
+    real_heal = loop.heal
+    monkeypatch.setattr(loop, "heal", lambda *a, **k: healed.append(1) or real_heal(*a, **k))
     out = str(tmp_path / "lax")  # every candidate passes unhealed: nothing is healed
     _run(_recipe(tmp_path, tiny_model, max_rounds=3, heal_if_needed=True, rank_rows=4,
                  early_rank_method="eap", early_rank_edges=30), f"output_dir={out}")
@@ -372,15 +373,15 @@ def test_kill_between_state_writes_then_rerun(full_run, tiny_model, tmp_path, mo
         return wrapper
 
     real_to_json = Graph.to_json
-    real_save = condense_trainer._save_state
+    real_save = loop._save_state
 
     def save_state(out_, model, circuit, state):
         writes["armed"] = state["round"] == 2
         return real_save(out_, model, circuit, state)
-    monkeypatch.setattr(condense_trainer, "atomic_write", counting(condense_trainer.atomic_write))
-    monkeypatch.setattr(condense_trainer, "write_json", counting(condense_trainer.write_json))
+    monkeypatch.setattr(saved_state, "atomic_write", counting(saved_state.atomic_write))
+    monkeypatch.setattr(saved_state, "write_json", counting(saved_state.write_json))
     monkeypatch.setattr(Graph, "to_json", counting(real_to_json))
-    monkeypatch.setattr(condense_trainer, "_save_state", save_state)
+    monkeypatch.setattr(loop, "_save_state", save_state)
     recipe = _recipe(tmp_path, tiny_model)
     with pytest.raises(KeyboardInterrupt):
         _run(recipe, f"output_dir={out}")

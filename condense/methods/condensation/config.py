@@ -1,0 +1,142 @@
+"""Condensation's recipe keys (CondenseConfig) and the checks that run before any model loads."""
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from condense.config import RecipeError, RunConfig, at_least
+
+
+@dataclass
+class CondenseConfig(RunConfig):
+    """Condensation's keys (the module docstring describes the loop)."""
+    # a run may be capped or extended on resume: the rounds done so far do not depend on it
+    rerun_free = ("max_rounds", "n_test")
+    method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
+    heal: bool = field(default=True, metadata={
+        "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
+    prune: bool = field(default=True, metadata={
+        "help": "prune each round (false: heal the full graph once, then rank and "
+                "report the smallest faithful circuit)"})
+    prune_fraction: float = field(default=0.3, metadata={
+        "help": "first cut, the fraction of surviving edges removed per round"})
+    min_prune_fraction: float = field(default=0.05, metadata={
+        "help": "cut floor; a rejected cut halves, a rejected cut at the floor stops"})
+    max_rounds: int = field(default=100, metadata={"help": "most rounds to run"})
+    heal_steps: int = field(default=500, metadata={"help": "AdamW steps per heal"})
+    heal_lr: float = field(default=1e-4, metadata={"help": "heal learning rate"})
+    heal_batch_size: int = field(default=16, metadata={"help": "rows per heal step"})
+    heal_general_weight: float = field(default=1.0, metadata={
+        "help": "weight of KL(original || model+adapter) on general text (train "
+                "split, full graph) added to the heal loss; 0 = the task-only loss of the design (docs/design.md)"})
+    heal_general_batch: int = field(default=4, metadata={
+        "help": "general-text blocks per heal step for that term"})
+    heal_stop_loss: float = field(default=0.0, metadata={
+        "help": "end a heal early once its mean loss over 10 steps is below this "
+                "(0: always run heal_steps)"})
+    heal_ablated_grad: bool = field(default=True, metadata={
+        "help": "backpropagate the heal loss through the corrupted run too (the "
+                "adapter also changes what pruned edges carry); false: that run is detached"})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_targets: Optional[list] = field(default=None, metadata={
+        "help": "LoRA target module names (null: the residual-stream writers of the "
+                "family: c_proj for GPT-2, o_proj and down_proj otherwise)"})
+    gate_accuracy_tol: float = field(default=0.05, metadata={
+        "help": "accept a round when val circuit accuracy >= original - this"})
+    gate_ppl_ratio: float = field(default=1.05, metadata={
+        "help": "accept a round when general-text ppl (adapter) / ppl (original) <= this"})
+    gate_faithfulness: float = field(default=0.0, metadata={
+        "help": "also require val faithfulness f(C) >= this (a faithful circuit: 0.9); "
+                "0 = the design's gate (accuracy and perplexity only)"})
+    n_general: int = field(default=64, metadata={
+        "help": "blocks of held-out general text (val split) for the perplexity gate"})
+    rank_at_circuit: bool = field(default=True, metadata={
+        "help": "rank by linearising at the current circuit (pruned edges ablated); "
+                "false: at the full model, as one-shot EAP-IG does"})
+    init_circuit: Optional[str] = field(default=None, metadata={
+        "help": "start from this circuit.json (e.g. an edge_pruning or hap run's) "
+                "instead of the full graph (null: the full graph)"})
+    # shortcuts for large models (each off by default: the design's loop)
+    rank_rows: Optional[int] = field(default=None, metadata={
+        "help": "rank on the first this many train rows (null: all of them; heal uses all)"})
+    early_rank_method: Optional[str] = field(default=None, metadata={
+        "help": "attribution method for rounds whose circuit has more than early_rank_edges "
+                "edges, e.g. eap (one pass instead of EAP-IG's ig_steps; null: EAP-IG always)"})
+    early_rank_edges: int = field(default=0, metadata={
+        "help": "circuit size above which early_rank_method ranks"})
+    heal_if_needed: bool = field(default=False, metadata={
+        "help": "gate each candidate before healing it and accept it unhealed when it passes "
+                "(heal only what the gate rejects); false: heal every round"})
+
+    def _check_init_circuit(self):
+        read_circuit_file(self.init_circuit)
+
+    def check(self):
+        """Refuse condensation values the loop cannot use, naming the key, before any model loads."""
+        super().check()
+        for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
+            at_least(self, key, 1)
+        for key in ("heal_general_weight", "heal_stop_loss", "n_general"):
+            at_least(self, key, 0)
+        at_least(self, "heal_lr", 0, strict=True)
+
+        def bad(key, why):
+            raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
+        if not 0 <= self.gate_faithfulness <= 1:
+            bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
+        if not 0 < self.prune_fraction <= 1:
+            bad("prune_fraction", "must lie in (0, 1]")
+        if not 0 < self.min_prune_fraction <= self.prune_fraction:
+            bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
+        if self.init_circuit:
+            self._check_init_circuit()
+        if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
+            bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
+        if self.early_rank_method is not None:
+            from condense.attribute import METHODS
+            if self.early_rank_method not in METHODS:
+                bad("early_rank_method", f"must be one of {', '.join(METHODS)} or null")
+        at_least(self, "early_rank_edges", 0)
+
+
+def read_circuit_file(path, what="init_circuit"):
+    """The JSON of circuit file `path` with at least one edge in the graph, or a RecipeError
+    naming the problem (a folder, no such file, not JSON, not a circuit, no edge on)."""
+    if os.path.isdir(path):
+        raise RecipeError(f"recipe key {what!r}: {path} is a folder; give its circuit.json")
+    if not os.path.exists(path):
+        raise RecipeError(f"recipe key {what!r}: no such circuit file {path}")
+    try:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            d = json.load(f)
+    except (ValueError, OSError) as e:
+        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit JSON file ({e})") from None
+    edges = d.get("edges") if isinstance(d, dict) else None
+    if not isinstance(edges, dict):
+        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit file (no edges)")
+    bad = [n for n, e in edges.items() if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool)]
+    if bad:
+        raise RecipeError(f"recipe key {what!r}: {path}: edge {bad[0]}: in_graph must be true or false")
+    if not any(e["in_graph"] for e in edges.values()):
+        raise RecipeError(f"recipe key {what!r}: {path} has no edge in its circuit")
+    if not isinstance(d.get("cfg"), dict):
+        raise RecipeError(f"recipe key {what!r}: {path} has no cfg: cannot tell which model it is for")
+    return d
+
+
+def check_init_circuit_model(cfg):
+    """Before the model loads: init_circuit was found for a model of this shape."""
+    if not cfg.init_circuit:
+        return
+    from condense.graph import Graph
+    from condense.models import model_config
+    read_circuit_file(cfg.init_circuit)
+    try:
+        start = Graph.from_json(cfg.init_circuit, model_config(cfg.model))
+    except (ValueError, KeyError) as e:
+        raise RecipeError(f"recipe key 'init_circuit': {e}") from None
+    if start.prune().count_edges() == 0:
+        raise RecipeError(f"recipe key 'init_circuit': {cfg.init_circuit} has no edge on an "
+                          f"input -> logits path")

@@ -1,0 +1,124 @@
+"""Heal: a LoRA adapter on the residual-stream writers, trained by KL distillation to the
+original model while the pruned edges are ablated (docs/design.md §5)."""
+import torch
+import torch.nn.functional as F
+
+from condense.evaluate import dataset_columns
+from condense.metrics import pad_batch
+from condense.model_parts import model_shape
+from condense.optimize import Diverged, fit, shard
+from condense.patching import run_graph
+
+# residual-stream writers per model family (attention output and MLP down projections)
+LORA_TARGETS = {"gpt2": ["c_proj"]}
+DEFAULT_LORA_TARGETS = ["o_proj", "down_proj"]
+
+HealDiverged = Diverged  # the heal loss or the adapter became NaN/inf: the round is rejected
+
+
+def lora_targets(cfg, model):
+    if cfg.lora_targets:
+        return list(cfg.lora_targets)
+    return LORA_TARGETS.get(model_shape(model).model_type, DEFAULT_LORA_TARGETS)
+
+
+def add_adapter(model, cfg):
+    """A fresh LoRA on every residual-stream writer; base weights frozen."""
+    from peft import LoraConfig, get_peft_model
+    targets = lora_targets(cfg, model)
+    gpt2 = model_shape(model).model_type == "gpt2"
+    torch.manual_seed(cfg.seed)  # LoRA A init
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=targets,
+                        lora_dropout=0.0, bias="none", fan_in_fan_out=gpt2)
+    peft_model = get_peft_model(model, config)
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return peft_model.eval()
+
+
+def adapter_state(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
+
+
+def load_adapter_state(model, state):
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, v in state.items():
+            params[k].copy_(v)
+
+
+def _round_seed(cfg, rnd):
+    return int(cfg.seed) * 100003 + int(rnd)
+
+
+# ------------------------------------------------------------------ original model outputs
+@torch.no_grad()
+def last_logprobs(model, rows, batch_size):
+    """Original model's last-position log-probs [N, V] on the clean prompts (heal target)."""
+    cols, n = dataset_columns(rows)
+    device = next(model.parameters()).device
+    out = [None] * n
+    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        ids, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
+        lp = F.log_softmax(last.float(), -1).cpu()
+        for j, i in enumerate(idx):
+            out[i] = lp[j]
+    return torch.stack(out)
+
+
+# ------------------------------------------------------------------ the four phases
+def heal_loss(model, graph, cols, idx, target_logp, cfg):
+    device = next(model.parameters()).device
+    clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+    corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+    logits = run_graph(model, graph, clean.to(device), corrupted.to(device), mask.to(device),
+                       intervention=cfg.intervention, logit_positions=(lengths - 1).to(device),
+                       ablated_grad=cfg.heal_ablated_grad)
+    logp = F.log_softmax(logits.float(), -1)
+    target = target_logp[idx].to(device)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
+def general_loss(model, blocks):
+    """KL(original || model with adapter) per token on general-text blocks, full graph: the
+    original is the same peft model with its adapter disabled (no stored logits, so this
+    scales to 50k-token vocabularies)."""
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(blocks, device=device)
+    with torch.no_grad(), model.disable_adapter():
+        target = F.log_softmax(model(input_ids=ids).logits.float(), -1)
+    logp = F.log_softmax(model(input_ids=ids).logits.float(), -1)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
+def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None):
+    """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
+    Diverged on NaN/inf. Every process draws the same batch and trains on its share.
+    With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
+    weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks."""
+    cols, n = dataset_columns(rows)
+    params = [p for p in model.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
+    bs = min(cfg.heal_batch_size, n)
+    use_general = cfg.heal_general_weight > 0 and general_blocks
+    n_blocks = len(general_blocks) if use_general else 0
+
+    def loss_fn(step):
+        idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
+        loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
+        if use_general:
+            picks = shard(torch.randperm(n_blocks, generator=gen)[:cfg.heal_general_batch].tolist())
+            loss = loss + cfg.heal_general_weight * general_loss(
+                model, [general_blocks[i] for i in picks])
+        return loss
+
+    model.train()
+    try:
+        return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr, desc=f"heal round {rnd}",
+                   progress=progress, stop_below=cfg.heal_stop_loss or None)
+    finally:
+        model.eval()

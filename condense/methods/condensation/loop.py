@@ -1,0 +1,305 @@
+"""The condensation loop: rank -> prune -> heal -> gate, round by round (see the package
+docstring), then the final metrics and files."""
+import math
+import os
+import time
+
+import torch
+
+from condense import tasks
+from condense.artifacts import atomic_write, write_json
+from condense.attribute import attribute
+from condense.curves import smallest_faithful
+from condense.evaluate import reference_outputs
+from condense.graph import Graph
+from condense.metrics import perplexity
+from condense.optimize import all_reduce_, shard, world
+from condense.runs import RunContext, log
+
+from .gate import Gate, circuit_metrics, template_split_accuracy
+from .healing import (
+    HealDiverged,
+    _round_seed,
+    adapter_state,
+    add_adapter,
+    heal,
+    last_logprobs,
+    load_adapter_state,
+)
+from .state import (
+    _fingerprint,
+    _load_state,
+    _save_state,
+    _write_rounds,
+    barrier,
+    is_main,
+    save_adapter,
+)
+
+
+def rank_method(graph, cfg):
+    """EAP-IG, or `early_rank_method` while the circuit has more than `early_rank_edges` edges."""
+    if cfg.early_rank_method and graph.count_edges(on_path=True) > cfg.early_rank_edges:
+        return cfg.early_rank_method
+    return "eap_ig_inputs"
+
+
+def rank(model, graph, rows, cfg, progress=True):
+    """Scores (EAP-IG, see rank_method) into graph.scores; pruned (not in_graph) edges' scores
+    set to 0. With several processes each scores its share of the rows and the sums are
+    all-reduced. `rank_rows` limits the rows."""
+    if cfg.rank_rows is not None and cfg.rank_rows < len(rows):
+        rows = rows.select(range(cfg.rank_rows))
+    n = len(rows)
+    mine = shard(list(range(n)))
+    local = rows.select(mine) if len(mine) < n else rows
+    scores = attribute(model, graph, local, rank_method(graph, cfg), ig_steps=cfg.ig_steps,
+                       intervention=cfg.intervention, metric=cfg.metric,
+                       batch_size=cfg.batch_size, seed=cfg.seed, progress=progress and is_main(),
+                       at_circuit=cfg.rank_at_circuit)
+    if world()[1] > 1:  # attribute returns a mean over its rows: back to sums, then the mean
+        device = next(model.parameters()).device
+        total = all_reduce_(scores.to(device, torch.float64) * len(mine))
+        scores = (total / n).float().cpu()
+    graph.scores = scores.masked_fill(~(graph.in_graph & graph.valid), 0.0)
+    return graph
+
+
+def cut_edges(graph, fraction):
+    """A copy of `graph` without the lowest `fraction` of its surviving edges by |score|."""
+    g = graph.copy()
+    alive = g.in_graph & g.valid
+    n_alive = int(alive.sum())
+    n_drop = min(n_alive, max(1, int(round(fraction * n_alive))))
+    ranked = g.scores.abs().masked_fill(~alive, float("inf")).flatten()
+    # stable order: ties broken by edge position, so runs are reproducible
+    order = torch.sort(ranked, stable=True).indices[:n_drop]
+    flat = g.in_graph.flatten().clone()
+    flat[order] = False
+    g.in_graph = flat.view_as(g.in_graph) & g.valid
+    g.prune()
+    return g
+
+
+# ------------------------------------------------------------------ pictures
+def plot_rounds(rounds, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    r = [x["round"] for x in rounds]
+    ax.plot(r, [x["edges"] for x in rounds], "o-", color="tab:blue", label="edges")
+    for x in rounds:
+        if not x["accepted"]:
+            ax.plot(x["round"], x["edges"], "x", color="red", ms=9)
+    ax.set_yscale("log")
+    ax.set_xlabel("round (x = rejected)")
+    ax.set_ylabel("edges", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(r, [x["accuracy"] for x in rounds], "s--", color="tab:green")
+    ax2.set_ylabel("val accuracy", color="tab:green")
+    ax2.set_ylim(0, 1.05)
+    ax.set_title(title)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
+    plt.close(fig)
+
+
+def _wandb_log(accelerator, cfg, record):
+    if cfg.report_to == "wandb":
+        accelerator.log({f"round/{k}": v for k, v in record.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                        step=record["round"])
+
+
+# ------------------------------------------------------------------ the runner
+class _Loop:
+    """One condensation run, in phases: start (or resume), rounds, final metrics and files."""
+
+    def __init__(self, ctx: RunContext):
+        cfg = self.cfg = ctx.cfg
+        self.ctx, self.out, self.rows = ctx, ctx.out, ctx.rows
+        self.start_time = time.perf_counter()
+        model = ctx.model
+        self.blocks = list(tasks.general_text(ctx.tokenizer, "val")["input_ids"])[:cfg.n_general]
+        self.train_blocks = (list(tasks.general_text(ctx.tokenizer, "train")["input_ids"])
+                             if cfg.heal and cfg.heal_general_weight > 0 else None)
+        log(f"condense {cfg.task}: {len(self.blocks)} general-text blocks; heal={cfg.heal} "
+            f"prune={cfg.prune}")
+        self.full = ctx.graph
+        # the original model's outputs, before any adapter exists
+        self.target_logp = last_logprobs(model, self.rows["train"], cfg.batch_size) if cfg.heal else None
+        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg)
+        self.test_ref = reference_outputs(model, self.full, self.rows["test"], cfg.intervention,
+                                          cfg.batch_size)
+        log(f"original model: val accuracy {self.gate.accuracy_original:.3f}, general-text ppl "
+            f"{self.gate.ppl_original:.2f}")
+        self.model = add_adapter(model, cfg)
+
+    def start(self):
+        """(state, circuit): the committed state of an earlier run of the same recipe, or round 0."""
+        cfg = self.cfg
+        state, circuit = _load_state(self.out, self.ctx.model, self.model, cfg)
+        barrier()  # every process has read the state before the main one may write a first one
+        if state is None:
+            circuit = initial_circuit(self.full, cfg, self.ctx.model)
+            state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
+                         fingerprint=_fingerprint(cfg),
+                         seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
+            state = _save_state(self.out, self.model, circuit, state)
+        else:
+            log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
+                f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
+        return state, circuit
+
+    def round(self, state, circuit):
+        """Rank, cut, heal and gate one round; commit it; returns the new (state, circuit)."""
+        cfg, model = self.cfg, self.model
+        rnd = state["round"] + 1
+        t0 = time.perf_counter()
+        torch.manual_seed(_round_seed(cfg, rnd))
+        cut = state["cut"] if cfg.prune else 0.0
+        if cfg.prune:
+            rank(model, circuit, self.rows["train"], cfg)
+            candidate = cut_edges(circuit, cut)
+        else:
+            candidate = circuit.copy()
+        accepted_adapter = adapter_state(model)
+        note, losses = "", []
+        key = _edge_key(candidate)
+        try:
+            if cfg.prune and candidate.count_edges(on_path=True) == 0:
+                raise _Skip("no input -> logits path left")
+            if cfg.prune and key in state.get("rejected_since_accept", []):
+                raise _Skip("the same edges as a cut already rejected since the last accepted "
+                            "round (a smaller cut removes the same edges)")
+            ok, g = (self.gate(model, candidate) if cfg.heal_if_needed or not cfg.heal
+                     else (False, None))
+            if cfg.heal and not ok:
+                if cfg.heal_if_needed:
+                    note = "healed: the gate rejected the unhealed candidate"
+                losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
+                              general_blocks=self.train_blocks)
+                ok, g = self.gate(model, candidate)
+            elif cfg.heal:
+                note = "accepted before healing"
+        except (HealDiverged, _Skip) as e:  # _Skip: decided without heal or gate (resume-safe)
+            note = f"heal diverged: {e}" if isinstance(e, HealDiverged) else f"skipped: {e}"
+            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
+        if world()[1] > 1:  # the same decision everywhere, even if floats ever differed
+            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
+            ok = bool(votes.item() == world()[1])
+        record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
+                      accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
+                      note=note, time=time.perf_counter() - t0)
+        log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
+            f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
+            f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"
+            + (f" ({note})" if note else ""))
+        if is_main():
+            _wandb_log(self.ctx.accelerator, cfg, record)
+        state["rounds"].append(record)
+        state["round"] = rnd
+        if ok:
+            circuit = candidate
+            state["accepted_round"] = rnd
+            state["rejected_since_accept"] = []
+            state["done"] = circuit.count_edges(on_path=True) <= 1
+        else:
+            state.setdefault("rejected_since_accept", []).append(key)
+            load_adapter_state(model, accepted_adapter)
+            if not cfg.prune or cut <= cfg.min_prune_fraction + 1e-12:
+                state["done"] = True
+            else:
+                state["cut"] = max(cut / 2, cfg.min_prune_fraction)
+        state = _save_state(self.out, model, circuit, state)
+        if is_main():
+            _write_rounds(self.out, state["rounds"])
+        return state, circuit
+
+    def finish(self):
+        """Final metrics on test from the committed state (a resumed run ends identically)."""
+        cfg, model, rows = self.cfg, self.model, self.rows
+        state, circuit = _load_state(self.out, self.ctx.model, model, cfg)
+        extra = {}
+        if not cfg.prune:  # heal-only control: rank the healed model, smallest faithful circuit
+            rank(model, circuit, rows["train"], cfg)
+            found = smallest_faithful(model, circuit, rows["val"], cfg.faithfulness_threshold,
+                                      absolute=cfg.absolute_scores, intervention=cfg.intervention,
+                                      batch_size=cfg.batch_size, resolution=cfg.search_resolution)
+            if found.graph is not None:
+                circuit = found.graph
+            extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
+        test = circuit_metrics(model, circuit, rows["test"], self.test_ref, cfg)
+        extra.update(template_split_accuracy(model, circuit, rows["test"], self.test_ref, cfg))
+        ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
+        metrics = dict(
+            method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
+            edges=circuit.count_edges(on_path=True), total_edges=int(self.full.valid.sum()),
+            accuracy=test["accuracy"], accuracy_original=test["accuracy_full"], top1=test["top1"],
+            top1_agreement=test["top1_agreement"], logit_diff=test["logit_diff"],
+            logit_diff_original=test["logit_diff_full"], faithfulness=test["faithfulness"],
+            kl=test["kl"], ppl_ratio=ppl / self.gate.ppl_original if self.blocks else math.nan,
+            ppl=ppl, ppl_original=self.gate.ppl_original,
+            accuracy_original_val=self.gate.accuracy_original, rounds=state["round"],
+            accepted_rounds=sum(r["accepted"] for r in state["rounds"]),
+            wall_seconds=time.perf_counter() - self.start_time,
+            # wall_seconds counts this process only; a resumed run's rounds add up here
+            rounds_seconds=sum(r.get("time", 0.0) for r in state["rounds"]),
+            n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
+            n_general=len(self.blocks), **extra)
+        name = "heal-only" if not cfg.prune else ("C1" if cfg.heal else "C0")
+        log(f"{name}: {metrics['edges']} edges, test accuracy "
+            f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
+            f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
+        if is_main():
+            self.write(circuit, state, metrics)
+        return metrics
+
+    def write(self, circuit, state, metrics):
+        out = self.out
+        save_adapter(self.model, out, self.cfg.model)
+        circuit.to_json(os.path.join(out, "circuit.json"))
+        circuit.to_image(os.path.join(out, "circuit.png"))
+        _write_rounds(out, state["rounds"])
+        if state["rounds"]:
+            plot_rounds(state["rounds"], os.path.join(out, "rounds.png"),
+                        f"condense {self.cfg.task}: edges and val accuracy per round")
+        write_json(os.path.join(out, "metrics.json"), metrics)
+
+
+def run_condense(ctx: RunContext) -> dict:
+    """The condensation run (see the module docstring); returns metrics.json's contents."""
+    loop = _Loop(ctx)
+    state, circuit = loop.start()
+    max_rounds = ctx.cfg.max_rounds if ctx.cfg.prune else 1
+    while not state["done"] and state["round"] < max_rounds:
+        state, circuit = loop.round(state, circuit)
+    return loop.finish()
+
+
+class _Skip(Exception):
+    """A candidate rejected without healing it (empty, or already rejected)."""
+
+
+def _edge_key(graph):
+    """A short fingerprint of a circuit's edge set (for 'already rejected' checks)."""
+    import hashlib
+    on = (graph.in_graph & graph.valid).flatten().nonzero().flatten().tolist()
+    return hashlib.sha1(",".join(map(str, on)).encode()).hexdigest()[:16]
+
+
+def initial_circuit(full, cfg, model):
+    """The circuit round 1 starts from: the full graph, or `init_circuit` (any run's
+    circuit.json, e.g. from edge_pruning or hap) pruned to its input -> logits paths."""
+    circuit = full.copy()
+    circuit.reset(in_graph=True)
+    if cfg.init_circuit:
+        if not os.path.exists(cfg.init_circuit):
+            raise FileNotFoundError(f"init_circuit {cfg.init_circuit!r} does not exist")
+        start = Graph.from_json(cfg.init_circuit, model)
+        circuit.in_graph = start.in_graph & circuit.valid
+        circuit.prune()
+        log(f"starting from {cfg.init_circuit}: {circuit.count_edges(on_path=True)} edges")
+    return circuit
