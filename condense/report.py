@@ -73,8 +73,13 @@ def circuit_data(circuit: dict) -> dict:
         rows.append([s, r, kind, score])
         touched.update((s, r))
     roles = {n: v["role"] for n, v in circuit.get("nodes", {}).items() if "role" in v}
+    neurons = circuit.get("neurons", {})
+    by_mlp = {}  # S3martCirc's neuron roles, counted per MLP ("m3.n17" belongs to "m3")
+    for name, v in neurons.items():
+        counts = by_mlp.setdefault(name.split(".")[0], {})
+        counts[v.get("role", "?")] = counts.get(v.get("role", "?"), 0) + 1
     return dict(cfg=circuit.get("cfg", {}), edges=rows, nodes=sorted(touched), roles=roles,
-                neurons=sorted(circuit.get("neurons", {})))
+                neurons=sorted(neurons), neuron_roles=by_mlp)
 
 
 def _explain_cards(explain: Optional[dict]) -> dict:
@@ -101,6 +106,20 @@ def _explain_cards(explain: Optional[dict]) -> dict:
             lines.append(str(node["description"]))
         cards[name] = lines
     return cards
+
+
+def interaction_partners(verify: Optional[dict]) -> dict:
+    """edge -> the edges it interacts with (verify's pairs), strongest first."""
+    if not verify:
+        return {}
+    partners = {}
+    for p in sorted(verify.get("pairs") or [], key=lambda p: -abs(p["interaction"])):
+        if p.get("interacts"):
+            partners.setdefault(p["edge_i"], []).append(p["edge_j"])
+            partners.setdefault(p["edge_j"], []).append(p["edge_i"])
+    for e in verify.get("edges") or []:
+        partners.setdefault(e, [])
+    return partners
 
 
 def collect(run_dir: str) -> dict:
@@ -488,13 +507,20 @@ SCRIPT = r"""
       const [s, r, kind, score] = shown[+t.dataset.index];
       const name = s + "->" + r + (kind ? "<" + kind + ">" : "");
       const partners = (data.partners || {})[name];
-      show(ev, name + "\nscore " + (score === null ? "–" : (+score).toPrecision(4)) +
-        (kind ? "\nreceiver input: " + kind : "") +
-        (partners !== undefined ? "\ninteracts with " + partners + " other edges (verify)" : ""));
+      let text = name + "\nscore " + (score === null ? "–" : (+score).toPrecision(4)) +
+        (kind ? "\nreceiver input: " + kind : "");
+      if (partners !== undefined) {
+        text += "\ninteracts with " + partners.length + " other edges (verify)";
+        for (const p of partners.slice(0, 8)) text += "\n  " + p;
+        if (partners.length > 8) text += "\n  …";
+      }
+      show(ev, text);
     } else if (t.closest && t.closest(".node")) {
       const name = t.closest(".node").dataset.name;
       const lines = [name];
       if (data.roles[name]) lines.push("role: " + data.roles[name]);
+      const nr = (c.neuron_roles || {})[name];
+      if (nr) lines.push("neurons: " + Object.entries(nr).map(([r, k]) => k + " " + r).join(", "));
       for (const l of data.cards[name] || []) lines.push(l);
       if (!onNodes.has(name)) lines.push("(not in the circuit)");
       show(ev, lines.join("\n"));
@@ -558,7 +584,7 @@ def render(data: dict, shown_edges: int = DEFAULT_SHOWN_EDGES) -> str:
     payload = dict(
         circuit=c, shown=shown, colours=KIND_COLOURS,
         roles=(c or {}).get("roles", {}), cards=data["explain_cards"],
-        partners=(data["verify"] or {}).get("partners", {}))
+        partners=interaction_partners(data["verify"]))
     blob = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
     legend = "".join(f'<span><i style="background:{col}"></i>{label}</span>' for label, col in
                      (("→ query", KIND_COLOURS["q"]), ("→ key", KIND_COLOURS["k"]),

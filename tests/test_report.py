@@ -170,5 +170,10 @@ def test_report_of_an_organism_condensation_with_verify_and_explain(tmp_path):
     assert "interacting pairs" in dom
     payload = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
                                    dom, re.S).group(1).replace("<\\/", "</"))
-    assert payload["partners"] and set(payload["cards"]) <= set(data["nodes"]) and payload["cards"]
+    with open(os.path.join(out, "verify.json")) as f:
+        verify = json.load(f)
+    assert set(payload["partners"]) == set(verify["edges"])
+    for edge, partners in payload["partners"].items():  # the hover card's list is verify's count
+        assert len(partners) == verify["partners"][edge]
+    assert set(payload["cards"]) <= set(data["nodes"]) and payload["cards"]
     assert any(line.startswith("WeightLens") for card in payload["cards"].values() for line in card)

@@ -333,8 +333,12 @@ def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
     from .test_report import check_run_report
     dom = check_run_report(str(out), tmp_path)
     if dom is not None:  # roles reach the page's hover cards
-        roles = json.loads(dom.split('id="report-data">')[1].split("</script>")[0])["roles"]
+        payload = json.loads(dom.split('id="report-data">')[1].split("</script>")[0])
+        roles = payload["roles"]
         assert roles and set(roles.values()) <= {"unimportant", "passthrough", "functional"}
+        raw_neurons = json.loads((out / "circuit.json").read_text()).get("neurons", {})
+        counted = sum(k for per in payload["circuit"]["neuron_roles"].values() for k in per.values())
+        assert counted == len(raw_neurons)  # every neuron's role reaches its MLP's hover card
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["size"] == metrics["size"] > 0
     assert set(saved["baselines"]) == {"attribution_patching", "node_pruning", "random"}
