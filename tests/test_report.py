@@ -121,7 +121,7 @@ def test_report_of_the_shipped_smollm2_c1_lights_a_nodes_paths(tmp_path):
     node = next(n for n in data["nodes"] if n.startswith("a"))
     dom, console = render(page, tmp_path, f"#node={node}")
     check_page(dom, console, folder)
-    assert count(dom, r'<line [^>]*class="edge[" ]') == len(data["edges"])  # 70: all drawn
+    assert count(dom, r'<line [^>]*class="edge[" ]') == len(data["edges"])  # under 1,000: all drawn
     assert f'data-focus="{node}"' in dom
     # what the page lights: every edge on a path from input through the node to logits
     down, up = {}, {}

@@ -117,6 +117,8 @@ def save_adapter(peft_model, out, base_model=None):
             with open(config, "w") as f:
                 json.dump(data, f, indent=2)
         for name in sorted(os.listdir(tmp)):
+            if name == "README.md":  # peft's blank model-card template, naming the local base path
+                continue
             os.replace(os.path.join(tmp, name), os.path.join(out, name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
