@@ -154,7 +154,9 @@ def _baseline_edges(run_dir: str, recipe: dict) -> Optional[dict]:
     m = _read_json(os.path.join(folder, "metrics.json"))
     if not m or "edges" not in m:
         return None
-    return dict(edges=m["edges"], folder=os.path.relpath(folder, run_dir))
+    # that run's base is full precision (its folder name has no quantization tag)
+    note = " (full-precision base)" if recipe.get("quantization") else ""
+    return dict(edges=m["edges"], folder=os.path.relpath(folder, run_dir), note=note)
 
 
 # ---------------------------------------------------------------- pieces of the page
@@ -194,7 +196,8 @@ def headline_rows(metrics: dict, baseline: Optional[dict]) -> list:
         orig = next((metrics[k] for k in keys if k and k in metrics), None)
         rows.append((label, key, metrics[key], orig))
     if baseline is not None:
-        rows.append(("EAP-IG smallest faithful circuit", "baseline_edges", baseline["edges"], None))
+        rows.append(("EAP-IG smallest faithful circuit" + baseline.get("note", ""), "baseline_edges",
+                     baseline["edges"], None))
     return rows
 
 
