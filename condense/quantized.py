@@ -46,12 +46,13 @@ def dequantized_weight(module: nn.Module) -> Optional[torch.Tensor]:
     any other module. Reads the quantized storage without changing it."""
     if LINEAR_4BIT is not None and isinstance(module, LINEAR_4BIT):
         import bitsandbytes.functional as F
-        data, state = module.weight.data, module.weight.quant_state
-        if getattr(state, "packing_format_for_cpu", False):  # repacked before pinning: undo
-            data, state = F._convert_weight_packed_for_cpu_inverse(data, state)
-            module.weight.data, module.weight.quant_state = data, state
+        state = module.weight.quant_state
+        if getattr(state, "packing_format_for_cpu", False):
+            raise RuntimeError("a 4-bit layer repacked for bitsandbytes' bfloat16 CPU kernel: load "
+                               "quantized models with condense.models.load_model (it pins them), "
+                               "or call condense.quantized.pin_dequantized_compute first")
         dtype = module.compute_dtype or torch.float32
-        return F.dequantize_4bit(data, state).to(dtype)
+        return F.dequantize_4bit(module.weight.data, state).to(dtype)
     if LINEAR_8BIT is not None and isinstance(module, LINEAR_8BIT):
         cb = module.state.CB if module.state.CB is not None else module.weight.data
         scb = module.state.SCB if module.state.SCB is not None else module.weight.SCB
@@ -89,7 +90,11 @@ def pin_dequantized_compute(model: nn.Module, dtype: torch.dtype) -> int:
     n = 0
     for module in model.modules():
         if isinstance(module, LINEAR_4BIT):
-            dequantized_weight(module)  # unpacks a weight already repacked for the bf16 kernel
+            weight = module.weight
+            if getattr(weight.quant_state, "packing_format_for_cpu", False):  # repacked already
+                import bitsandbytes.functional as F
+                weight.data, weight.quant_state = F._convert_weight_packed_for_cpu_inverse(
+                    weight.data, weight.quant_state)
             module.support_avx512bf16_for_cpu = False  # never repack: see the module docstring
             module.compute_dtype, module.compute_type_is_set = dtype, True
             n += 1
