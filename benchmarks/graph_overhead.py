@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from process_memory import rss_mib
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
@@ -37,19 +39,14 @@ def inputs(model, batch=8, tokens=32):
     return torch.randint(V, (batch, tokens), generator=g), torch.randint(V, (batch, tokens), generator=g)
 
 
-def _rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def peak_during(fn):
     """Peak resident-set growth (MiB) while `fn` runs, sampled every millisecond."""
     import threading
-    base, peak, done = _rss_mib(), [0.0], threading.Event()
+    base, peak, done = rss_mib(), [0.0], threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib() - base)
+            peak[0] = max(peak[0], rss_mib() - base)
             time.sleep(0.001)
     t = threading.Thread(target=sample)
     t.start()
@@ -58,7 +55,7 @@ def peak_during(fn):
     finally:
         done.set()
         t.join()
-    return max(peak[0], _rss_mib() - base)
+    return max(peak[0], rss_mib() - base)
 
 
 def run_one(which, kind):

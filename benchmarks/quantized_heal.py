@@ -32,53 +32,9 @@ import subprocess
 import sys
 import time
 
+from process_memory import AnonPeak, peak_mib, reset_peak, rss_mib, rss_parts_mib
+
 BASES = ("none", "4bit", "8bit")
-
-
-def _peak_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def _rss_parts_mib() -> dict:
-    """Resident memory by kind: anonymous (tensors, allocator) and file-backed (mapped files:
-    a full-precision safetensors file stays mapped after loading; its clean pages are given
-    back under memory pressure, so they are not memory a run needs)."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("RssAnon:", "RssFile:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) / 1024
-    return out
-
-
-class AnonPeak:
-    """The peak anonymous resident set while the block runs, sampled every 5 ms."""
-
-    def __enter__(self):
-        import threading
-        self.peak, self.stop = 0.0, threading.Event()
-
-        def sample():
-            while not self.stop.is_set():
-                self.peak = max(self.peak, _rss_parts_mib()["RssAnon"])
-                self.stop.wait(0.005)
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
-def _rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _release_free_memory():
@@ -111,9 +67,9 @@ def one_base(args) -> dict:
         p.requires_grad_(False)
     tok = load_tokenizer(args.model)
     _release_free_memory()
-    parts = _rss_parts_mib()
+    parts = rss_parts_mib()
     out = dict(base=args.base, load_s=load_s, weights_mib=model.get_memory_footprint() / 2**20,
-               rss_after_load_mib=_rss_mib(), anon_after_load_mib=parts["RssAnon"],
+               rss_after_load_mib=rss_mib(), anon_after_load_mib=parts["RssAnon"],
                file_after_load_mib=parts["RssFile"])
 
     graph = Graph.from_model(model)
@@ -149,11 +105,10 @@ def one_base(args) -> dict:
     circuit = Graph.from_json(args.circuit, peft_model)
     heal(peft_model, circuit, train, target, cfg, 0, progress=False, general_blocks=blocks)  # warm-up
     _release_free_memory()
-    rss_before_heal = _rss_mib()
-    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current resident set
-        f.write("5")
+    rss_before_heal = rss_mib()
+    reset_peak()
     times = []
-    anon_before_heal = _rss_parts_mib()["RssAnon"]
+    anon_before_heal = rss_parts_mib()["RssAnon"]
     with AnonPeak() as anon:
         for step in range(args.steps):
             begin = time.perf_counter()
@@ -161,7 +116,7 @@ def one_base(args) -> dict:
                  general_blocks=blocks)
             times.append(time.perf_counter() - begin)
     out.update(heal_step_s=statistics.median(times), heal_step_times=times,
-               rss_before_heal_mib=rss_before_heal, peak_heal_mib=_peak_mib(),
+               rss_before_heal_mib=rss_before_heal, peak_heal_mib=peak_mib(),
                anon_before_heal_mib=anon_before_heal, anon_peak_heal_mib=anon.peak)
     return out
 

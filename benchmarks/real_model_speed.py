@@ -19,7 +19,6 @@ set during one call minus its level just before the call.
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from condense.evaluate import dataset_columns, row_batches
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer
 from condense.patching import run_graph
+from process_memory import peak_mib, reset_peak, rss_mib
 
 
 def setup(model_name, task, batch):
@@ -41,20 +41,6 @@ def setup(model_name, task, batch):
     cols, n = dataset_columns(rows)
     _, clean, corrupted, mask, last = next(row_batches(cols, n, batch, "cpu"))
     return model, rows, clean, corrupted, mask, last
-
-
-def _rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mib():
-    """Peak resident set (VmHWM) since the last reset."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def calls(model, rows, clean, corrupted, mask, last):
@@ -161,13 +147,12 @@ def main(argv=None):
     model, rows, clean, corrupted, mask, last = setup(args.model, args.task, args.batch)
     if args.peak:  # a fresh process: its peak resident set during one call, over the level before
         fn = calls(model, rows, clean, corrupted, mask, last)[args.peak]
-        before = _rss_mib()
+        before = rss_mib()
         # the process's high-water mark would include loading the model (dequantising a
-        # GGUF peaks far above what a call needs): Linux resets it on "5" to clear_refs
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        # GGUF peaks far above what a call needs): reset it
+        reset_peak()
         fn()
-        print(json.dumps(dict(peak_mib=_peak_mib() - before)))
+        print(json.dumps(dict(peak_mib=peak_mib() - before)))
         return
     start = time.time()
     fns = calls(model, rows, clean, corrupted, mask, last)
