@@ -2,7 +2,8 @@
 
     condense report RUN_DIR [--out FILE] [--edges N]
 
-The page holds everything inline (SVG, CSS, a small script; no network access): the command
+The page holds everything inline (SVG; CSS and script from condense/report_assets/; no network
+access): the command
 and resolved recipe, headline metrics beside the original model's, the circuit laid out by
 layer (input at the bottom, logits at the top, each layer's heads then its MLP; edge width by
 |score|; q/k/v receivers in their own colours), hover cards for nodes (S3martCirc role,
