@@ -210,8 +210,9 @@ class RunConfig:
         one_of(self, "report_to", REPORT_TO)
         if self.dtype is not None:
             one_of(self, "dtype", DTYPES)
-        if self.quantization is not None:
-            one_of(self, "quantization", QUANTIZATIONS[1:])
+        if self.quantization not in QUANTIZATIONS:
+            raise RecipeError(f"recipe key 'quantization': unknown value {self.quantization!r}; "
+                              f"valid: 4bit, 8bit, or null (full precision)")
         for key in ("n_train", "n_val", "n_test", "ig_steps", "batch_size"):
             at_least(self, key, 1)
         if self.threads is not None:

@@ -241,3 +241,12 @@ def test_heal_does_not_keep_dequantized_weights_for_backward(saved, monkeypatch)
     assert not kept & weight_shapes
     for a, b in zip(grads, grads_plain):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_an_unknown_quantization_is_refused_naming_the_allowed_values(tmp_path):
+    from condense.config import RecipeError
+    from condense.runs import load_config
+    with pytest.raises(RecipeError, match=r"'quantization': unknown value '3bit'; valid: 4bit, 8bit, or null"):
+        load_config(_organism_recipe(str(tmp_path)), ["quantization=3bit"])
+    with pytest.raises(ValueError, match="allowed: None, '4bit', '8bit'"):
+        load_model(ORGANISM, quantization="3bit")
