@@ -176,6 +176,11 @@ def test_exact_patching_is_evaluate_with_that_node_masked():
         want = full - _mean_ld(model, masked, rows)
         assert getattr(scores, kind)[l, i].item() == pytest.approx(want, abs=1e-5), (kind, l, i)
     assert float(scores.heads.abs().max()) > 1e-3  # the test would notice all-zero scores
+    # heads only: the same head scores, every neuron ranked after every head
+    only = exact_patching(model, g, rows, batch_size=4, progress=False, heads_only=True)
+    assert torch.equal(only.heads, scores.heads)
+    assert torch.isinf(only.neurons).all() and (only.neurons < 0).all()
+    assert set(only.ranked_names(g.shape, 4)) == {f"a{l}.h{h}" for l in range(2) for h in range(2)}
 
 
 def _hand_mask_gradient(model, rows, alpha):
@@ -321,12 +326,16 @@ def test_short_training_assigns_roles_by_fi(organism_rows):
     assert first[0] in ap.ranked_names(g.shape, 3)
 
 
+def s3_full(saved):
+    return saved["s3martcirc"]["accuracy_full"]
+
+
 def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
     model, _ = organism_rows
     out = tmp_path / "run"
     metrics = train.main(["--recipe", "recipes/s3martcirc/organism_ioi.yaml", "n_train=16",
                           "n_test=16", "s3_epochs=2", "s3_warmup_epochs=1", "s3_batch_size=8",
-                          "s3_baselines=[attribution_patching,node_pruning,random]",
+                          "s3_baselines=[attribution_patching,node_pruning,random,exact_patching_heads]",
                           "s3_budgets=[2,8]", "s3_reference=gpt2_ioi", f"output_dir={out}"])
     for name in ("circuit.json", "circuit.png", "roles.json", "training.png", "metrics.json", "recipe.yaml"):
         assert (out / name).stat().st_size > 0, name
@@ -341,7 +350,13 @@ def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
         assert counted == len(raw_neurons)  # every neuron's role reaches its MLP's hover card
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["size"] == metrics["size"] > 0
-    assert set(saved["baselines"]) == {"attribution_patching", "node_pruning", "random"}
+    assert set(saved["baselines"]) == {"attribution_patching", "node_pruning", "random",
+                                       "exact_patching_heads"}
+    heads_only = saved["baselines"]["exact_patching_heads"]  # 16 heads of 2,064 nodes
+    assert heads_only["exact_patching_seconds_estimate"] == pytest.approx(
+        heads_only["seconds"] * (16 + 2048 + 1) / (16 + 1))
+    assert "10x_faster_than_exact_patching" in saved["done_when"]
+    assert 0 <= saved["ceiling"]["accuracy_drop"] <= 100 * s3_full(saved)
     for rec_ in saved["baselines"].values():
         assert rec_["at_size"]["nodes"] == saved["size"] and set(rec_["budgets"]) == {"2", "8"}
         assert set(rec_["recovery"]) == {"2", "8"}   # organism names, a GPT-2 reference: 0 found
