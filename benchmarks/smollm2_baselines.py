@@ -24,6 +24,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from condense.methods.scoring import ATTRIBUTION_METHOD
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
 
@@ -33,7 +35,7 @@ def recipes(only):
     for path in sorted(glob.glob(os.path.join(ROOT, "recipes", "*", "smollm2_*.yaml"))):
         method = os.path.basename(os.path.dirname(path))
         task = os.path.basename(path)[len("smollm2_"):-len(".yaml")]
-        if method == "condense" or (only and method not in only):
+        if method not in ATTRIBUTION_METHOD or (only and method not in only):  # scoring only
             continue
         found.append((method, task, path, []))
     return found
