@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
-        [--seeds 0,1,2]
+        [--seeds 0,1,2] [--batch-size 32]
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
@@ -61,7 +61,7 @@ def evaluated(model, circuit, rows, reference, cfg):
 
 def bench_task(model, tokenizer, task, args):
     cfg = HAPConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
-                    ep_steps=args.steps, ep_target_sparsity=args.target,
+                    ep_batch_size=args.batch_size, ep_steps=args.steps, ep_target_sparsity=args.target,
                     hap_candidate_fraction=args.candidates, seed=args.seed)
     print(f"{task}, seed {args.seed}", flush=True)
     rows = {s: tasks.load_task(task, tokenizer, s, n=n, seed=cfg.seed)
@@ -75,8 +75,9 @@ def bench_task(model, tokenizer, task, args):
                      for name, idx in tasks.template_parts(rows["test"]).items()})
     kl_refs = {k: reference_outputs(model, full, v, batch_size=32) for k, v in kl_parts.items()}
     # warm-up: one-off costs (allocator, kernels) are paid here, not by the first method
-    warm = HAPConfig(task=task, ep_steps=5, hap_steps=5, batch_size=32)
-    search(model, rows["train"].select(range(32)), warm, hap=True, progress=False)
+    warm = HAPConfig(task=task, ep_steps=2, hap_steps=2, batch_size=32, ep_batch_size=args.batch_size)
+    search(model, rows["train"].select(range(min(32, len(rows["train"])))), warm, hap=True,
+           progress=False)
 
     results = []
 
@@ -192,6 +193,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="ioi,induction")
     ap.add_argument("--steps", type=int, default=1000, help="Edge Pruning steps (ep_steps)")
+    ap.add_argument("--batch-size", type=int, default=32,
+                    help="rows per mask-training step (ep_batch_size)")
     ap.add_argument("--target", type=float, default=0.95, help="target sparsity (fraction removed)")
     ap.add_argument("--candidates", type=float, default=0.3, help="HAP candidate fraction")
     ap.add_argument("--n-train", type=int, default=200)
@@ -216,7 +219,7 @@ def main():
         return
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, device="cuda" if torch.cuda.is_available() else None)
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(args.model)

@@ -1,10 +1,10 @@
-"""S3martCirc against the node baselines on the model organism, in one run.
+"""S3martCirc against the node baselines on the model organism or SmolLM2-135M, in one run.
 
-    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py [--tasks ioi,acronym] [--threads 1]
-        [--baselines exact_patching,attribution_patching,...] [--out runs/s3martcirc_bench]
-        [--json PATH] [key=value ...]
+    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py [--model organism|smollm2] [--tasks ioi,acronym]
+        [--threads 1] [--baselines exact_patching,attribution_patching,...]
+        [--out runs/s3martcirc_bench] [--json PATH] [key=value ...]
 
-Per task, the shipped recipe recipes/s3martcirc/organism_<task>.yaml runs through
+Per task, the shipped recipe recipes/s3martcirc/<model>_<task>.yaml runs through
 `condense run` (method `s3martcirc`) with every node baseline added
 (s3_baselines): S3martCirc trains its coefficients on the recipe's train rows; each baseline
 scores every head and neuron on the same rows; then on the test rows each method's circuit is
@@ -15,7 +15,11 @@ Wall time: S3martCirc = FI + training; a baseline = its scoring. S3martCirc's bu
 its circuit first, ranked by the discovery loss's mask gradient averaged over training, then
 the rest by c_p + c_f; the row "budgets in c_p + c_f order" ranks by the coefficients alone. `key=value` overrides go to
 both recipes (e.g. n_train=32). Artifacts of each run land in --out/<task>/.
-Defaults take about 8-10 minutes on one CPU core (exact patching is most of it).
+The ceiling row is every node ablated (the corrupted run); a budget where every method is
+within a point of it cannot tell methods apart and is marked.
+On the organism the defaults take about 8-10 minutes on one CPU core (exact patching is most of
+it). On SmolLM2 (46,350 nodes) exact patching of every node is out of reach on a CPU; the
+default there is `exact_patching_heads` (the heads exactly, its time extrapolated to every node).
 """
 import argparse
 import json
@@ -30,12 +34,13 @@ from condense.methods.s3martcirc.node_baselines import BASELINES
 NAMES = {"s3martcirc": "S3martCirc",
          "s3martcirc_coefficients": "S3martCirc, budgets in c_p + c_f order",
          "exact_patching": "exact activation patching",
+         "exact_patching_heads": "exact activation patching, heads only",
          "attribution_patching": "attribution patching", "attribution_patching_ig": "AP + IG",
          "node_pruning": "node pruning (hard concrete)", "random": "random"}
 
 
 def run_task(task, args):
-    recipe = os.path.join(ROOT, "recipes", "s3martcirc", f"organism_{task}.yaml")
+    recipe = os.path.join(ROOT, "recipes", "s3martcirc", f"{args.model}_{task}.yaml")
     overrides = [f"s3_baselines=[{','.join(args.baselines)}]", f"threads={args.threads}",
                  f"output_dir={os.path.join(args.out, task)}", *args.overrides]
     cfg = runs.load_config(recipe, overrides)
@@ -49,6 +54,9 @@ def rows_of(task, m):
                 neurons=s3["neurons"], accuracy_drop=s3["accuracy_drop"], logit_drop=s3["logit_drop"],
                 seconds=s3["seconds"], circuit_faithfulness=s3["circuit_faithfulness"],
                 budgets={b: v["accuracy_drop"] for b, v in m["s3martcirc_budgets"].items()})]
+    if "ceiling" in m:
+        out.append(dict(task=task, method="ceiling", size=None, ceiling=True,
+                        budgets={b: m["ceiling"]["accuracy_drop"] for b in out[0]["budgets"]}))
     if m.get("s3martcirc_coefficient_budgets"):  # the same circuit, budgets in c_p + c_f order
         out.append(dict(task=task, method="s3martcirc_coefficients", size=None,
                         budgets={b: v["accuracy_drop"]
@@ -58,6 +66,7 @@ def rows_of(task, m):
         out.append(dict(task=task, method=method, size=a["nodes"], heads=a["heads"],
                         neurons=a["neurons"], accuracy_drop=a["accuracy_drop"],
                         logit_drop=a["logit_drop"], seconds=rec["seconds"],
+                        seconds_estimate=rec.get("exact_patching_seconds_estimate"),
                         circuit_faithfulness=a["circuit_faithfulness"],
                         budgets={b: v["accuracy_drop"] for b, v in rec["budgets"].items()}))
     return out
@@ -72,22 +81,46 @@ def table(rows, budgets):
             lines.append(f"| {r['task']} | {NAMES.get(r['method'], r['method'])} | | | | | | "
                          + " | ".join(f"{r['budgets'][str(b)]:.1f}" for b in budgets) + " |")
             continue
+        wall = f"{r['seconds']:.1f}"
+        if r.get("seconds_estimate"):
+            wall += f" (every node: ~{r['seconds_estimate']:.0f})"
         lines.append(f"| {r['task']} | {NAMES.get(r['method'], r['method'])} | {r['size']} "
                      f"({r['heads']} + {r['neurons']}) | {r['accuracy_drop']:.1f} | "
-                     f"{r['logit_drop']:.2f} | {r['circuit_faithfulness']:.2f} | {r['seconds']:.1f} | "
+                     f"{r['logit_drop']:.2f} | {r['circuit_faithfulness']:.2f} | {wall} | "
                      + " | ".join(f"{r['budgets'][str(b)]:.1f}" for b in budgets) + " |")
     return "\n".join(lines)
 
 
+def saturated(rows, budgets):
+    """{task: [budgets at which every method's drop is within a point of the ceiling]}."""
+    out = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        ceiling = next((r for r in rows if r["task"] == task and r["method"] == "ceiling"), None)
+        if ceiling is None:
+            continue
+        methods = [r for r in rows if r["task"] == task and r["method"] not in
+                   ("ceiling", "s3martcirc_coefficients", "random")]
+        out[task] = [b for b in budgets
+                     if all(r["budgets"][str(b)] >= ceiling["budgets"][str(b)] - 1.0 for r in methods)]
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="organism", choices=("organism", "smollm2"),
+                    help="which shipped recipes: recipes/s3martcirc/<model>_<task>.yaml")
     ap.add_argument("--tasks", default="ioi,acronym")
-    ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--baselines", default=None,
+                    help="comma-separated (default: every baseline; on smollm2 exact patching "
+                         "of the heads only instead of every node)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join("runs", "s3martcirc_bench"))
     ap.add_argument("--json", default=None, help="write every number here")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
     args = ap.parse_args(argv)
+    if args.baselines is None:
+        skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"
+        args.baselines = ",".join(b for b in BASELINES if b != skip)
     args.baselines = [b for b in args.baselines.split(",") if b]
     results, rows = {}, []
     for task in args.tasks.split(","):
@@ -98,13 +131,18 @@ def main(argv=None):
     budgets = sorted({int(b) for r in rows for b in r["budgets"]})
     print()
     print(table(rows, budgets))
+    at_ceiling = saturated(rows, budgets)
+    for task, bs in at_ceiling.items():
+        print(f"{task}: budgets where every method (random aside) is within a point of the "
+              f"ceiling: {', '.join(map(str, bs)) or 'none'}")
     for task, m in results.items():
         holds = all(m["done_when"].values()) if m["done_when"] else None
         print(f"{task}: S3martCirc size {m['size']}, done-when {'holds' if holds else 'FAILS'}: "
               f"{m['done_when']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, runs=results, command=" ".join(sys.argv)), f, indent=1)
+            json.dump(dict(rows=rows, runs=results, saturated=at_ceiling,
+                           command=" ".join(sys.argv)), f, indent=1)
     return results
 
 
