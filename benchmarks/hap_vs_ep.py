@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
-        [--seeds 0,1,2] [--batch-size 32]
+        [--seeds 0,1,2] [--batch-size 32] [--init-log-alpha 10]
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
@@ -23,6 +23,8 @@ the like-for-like comparison. KL is also reported on the train rows (`kl_train`)
 IOI, on the test rows of seen and of held-out templates (`kl_seen`, `kl_heldout`). With
 several `--seeds` (each its own rows, gate noise and
 batch order) the last lines give HAP / EP ratios of the means over seeds.
+With --json the file is written after every task-seed pair (marked partial until the end), and
+a rerun with the same --json skips the pairs it holds: an interrupted run resumes.
 Time is the whole search (targets, EAP for HAP, mask training, thresholding), single
 process, measured in this one run, as wall-clock and as this process's CPU time (with one
 thread the two agree on an idle machine; CPU time is what other jobs disturb less); a
@@ -61,7 +63,8 @@ def evaluated(model, circuit, rows, reference, cfg):
 
 def bench_task(model, tokenizer, task, args):
     cfg = HAPConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
-                    ep_batch_size=args.batch_size, ep_steps=args.steps, ep_target_sparsity=args.target,
+                    ep_batch_size=args.batch_size, ep_init_log_alpha=args.init_log_alpha,
+                    ep_steps=args.steps, ep_target_sparsity=args.target,
                     hap_candidate_fraction=args.candidates, seed=args.seed)
     print(f"{task}, seed {args.seed}", flush=True)
     rows = {s: tasks.load_task(task, tokenizer, s, n=n, seed=cfg.seed)
@@ -195,6 +198,9 @@ def main():
     ap.add_argument("--steps", type=int, default=1000, help="Edge Pruning steps (ep_steps)")
     ap.add_argument("--batch-size", type=int, default=32,
                     help="rows per mask-training step (ep_batch_size)")
+    ap.add_argument("--init-log-alpha", type=float, default=10.0,
+                    help="initial gate log alpha (ep_init_log_alpha); at lr 0.1 a gate moves about "
+                         "0.1 a step, so from 10 it needs ~100 steps to close")
     ap.add_argument("--target", type=float, default=0.95, help="target sparsity (fraction removed)")
     ap.add_argument("--candidates", type=float, default=0.3, help="HAP candidate fraction")
     ap.add_argument("--n-train", type=int, default=200)
@@ -224,12 +230,24 @@ def main():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(args.model)
     results, summaries = [], []
+    if args.json and os.path.exists(args.json):  # resume: keep the (task, seed)s already done
+        with open(args.json) as f:
+            earlier = json.load(f)
+        if earlier.get("partial"):
+            results, summaries = earlier["results"], earlier["summary"]
+            print(f"resuming {args.json}: {len(summaries)} task-seed pairs done", flush=True)
     seeds = [int(x) for x in args.seeds.split(",")]
     for task in args.tasks.split(","):
         for seed in seeds:
+            if any(s["task"] == task and s["seed"] == seed for s in summaries):
+                continue
             r, s = bench_task(model, tokenizer, task, argparse.Namespace(**{**vars(args), "seed": seed}))
             results += [dict(x, seed=seed) for x in r]
             summaries.append(s)
+            if args.json:  # after every seed, so that an interrupted run loses at most one
+                with open(args.json, "w") as f:
+                    json.dump(dict(args=vars(args), results=results, summary=summaries,
+                                   partial=True), f, indent=1)
 
     print("\n| task | seed | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

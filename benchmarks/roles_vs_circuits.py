@@ -4,6 +4,7 @@
         [--roles runs/s3martcirc_bench_smollm2/ioi/roles.json]
         [--circuit EAP-IG=checkpoints/eap_ig_smollm2_ioi/circuit.json.gz]
         [--circuit C1=checkpoints/condense_smollm2_ioi/circuit.json] [--model smollm2-135m]
+        (default circuits: EAP-IG, C1 and C1 over the 4-bit base, all SmolLM2 IOI)
         [--json PATH]
 
 A head is *kept* by an edge circuit when one of its edges is on an input -> logits path (the
@@ -44,7 +45,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     circuits = args.circuit or [
         "EAP-IG=" + os.path.join(ROOT, "checkpoints", "eap_ig_smollm2_ioi", "circuit.json.gz"),
-        "C1=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi", "circuit.json")]
+        "C1=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi", "circuit.json"),
+        "C1 4-bit=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_4bit_ioi", "circuit.json")]
     with open(args.roles) as f:
         roles = {n: e["role"] for n, e in json.load(f)["nodes"].items() if n.startswith("a")}
     model = load_model(args.model)
