@@ -3,6 +3,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py [--model organism|smollm2] [--tasks ioi,acronym]
         [--threads 1] [--baselines exact_patching,attribution_patching,...]
         [--out runs/s3martcirc_bench] [--json PATH] [key=value ...]
+    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py --combine A.json B.json [--json PATH]
 
 Per task, the shipped recipe recipes/s3martcirc/<model>_<task>.yaml runs through
 `condense run` (method `s3martcirc`) with every node baseline added
@@ -15,8 +16,10 @@ Wall time: S3martCirc = FI + training; a baseline = its scoring. S3martCirc's bu
 its circuit first, ranked by the discovery loss's mask gradient averaged over training, then
 the rest by c_p + c_f; the row "budgets in c_p + c_f order" ranks by the coefficients alone. `key=value` overrides go to
 both recipes (e.g. n_train=32). Artifacts of each run land in --out/<task>/.
-The ceiling row is every node ablated (the corrupted run); a budget where every method is
-within a point of it cannot tell methods apart and is marked.
+The ceiling row is every node ablated (the corrupted run); budgets where S3martCirc, exact
+patching and the gradient baselines (attribution patching, with and without IG) all drop
+accuracy that far (within a point) are listed: there the ranking cannot tell them apart. The
+last lines check, per budget, that S3martCirc's drop is at least every gradient baseline's.
 On the organism the defaults take about 8-10 minutes on one CPU core (exact patching is most of
 it). On SmolLM2 (46,350 nodes) exact patching of every node is out of reach on a CPU; the
 default there is `exact_patching_heads` (the heads exactly, its time extrapolated to every node).
@@ -91,18 +94,55 @@ def table(rows, budgets):
     return "\n".join(lines)
 
 
+GRADIENT = ("attribution_patching", "attribution_patching_ig")  # the paper's gradient baselines
+EXACT = ("exact_patching", "exact_patching_heads")
+
+
 def saturated(rows, budgets):
-    """{task: [budgets at which every method's drop is within a point of the ceiling]}."""
+    """{task: [budgets at which S3martCirc, exact patching and the gradient baselines all drop
+    accuracy by at least the ceiling (every node ablated) minus a point]}: there the ranking
+    no longer tells the methods apart."""
     out = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         ceiling = next((r for r in rows if r["task"] == task and r["method"] == "ceiling"), None)
         if ceiling is None:
             continue
-        methods = [r for r in rows if r["task"] == task and r["method"] not in
-                   ("ceiling", "s3martcirc_coefficients", "random")]
+        methods = [r for r in rows if r["task"] == task
+                   and r["method"] in ("s3martcirc",) + GRADIENT + EXACT]
         out[task] = [b for b in budgets
                      if all(r["budgets"][str(b)] >= ceiling["budgets"][str(b)] - 1.0 for r in methods)]
     return out
+
+
+def budget_checks(rows, budgets):
+    """{task: {budget: S3martCirc's drop >= every gradient baseline's}} (the issue's bar)."""
+    out = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        s3 = next(r for r in rows if r["task"] == task and r["method"] == "s3martcirc")
+        grad = [r for r in rows if r["task"] == task and r["method"] in GRADIENT]
+        out[task] = {str(b): all(s3["budgets"][str(b)] >= g["budgets"][str(b)] for g in grad)
+                     for b in budgets}
+    return out
+
+
+def report(rows, results):
+    budgets = sorted({int(b) for r in rows for b in r["budgets"]})
+    print()
+    print(table(rows, budgets))
+    at_ceiling, by_budget = saturated(rows, budgets), budget_checks(rows, budgets)
+    for task, bs in at_ceiling.items():
+        m = results[task]
+        print(f"{task}: full-model accuracy {m['s3martcirc']['accuracy_full']:.3f} (the largest "
+              f"possible drop {100 * m['s3martcirc']['accuracy_full']:.1f} points); every node "
+              f"ablated drops {m['ceiling']['accuracy_drop']:.1f}; budgets where S3martCirc, exact "
+              f"patching and the gradient baselines all reach that within a point: "
+              f"{', '.join(map(str, bs)) or 'none'}")
+        print(f"{task}: S3martCirc's drop >= every gradient baseline's, per budget: {by_budget[task]}")
+    for task, m in results.items():
+        holds = all(m["done_when"].values()) if m["done_when"] else None
+        print(f"{task}: S3martCirc size {m['size']}, the run's done-when checks "
+              f"{'hold' if holds else 'FAIL'}: {m['done_when']}")
+    return at_ceiling, by_budget
 
 
 def main(argv=None):
@@ -116,33 +156,36 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join("runs", "s3martcirc_bench"))
     ap.add_argument("--json", default=None, help="write every number here")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: pool earlier --json files (e.g. tasks run as separate "
+                         "processes), print the table and write --json")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
     args = ap.parse_args(argv)
-    if args.baselines is None:
-        skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"
-        args.baselines = ",".join(b for b in BASELINES if b != skip)
-    args.baselines = [b for b in args.baselines.split(",") if b]
-    results, rows = {}, []
-    for task in args.tasks.split(","):
-        m = run_task(task, args)
-        results[task] = m
-        rows += rows_of(task, m)
-        print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
-    budgets = sorted({int(b) for r in rows for b in r["budgets"]})
-    print()
-    print(table(rows, budgets))
-    at_ceiling = saturated(rows, budgets)
-    for task, bs in at_ceiling.items():
-        print(f"{task}: budgets where every method (random aside) is within a point of the "
-              f"ceiling: {', '.join(map(str, bs)) or 'none'}")
-    for task, m in results.items():
-        holds = all(m["done_when"].values()) if m["done_when"] else None
-        print(f"{task}: S3martCirc size {m['size']}, done-when {'holds' if holds else 'FAILS'}: "
-              f"{m['done_when']}")
+    results, rows, commands = {}, [], []
+    if args.combine:
+        for path in args.combine:
+            with open(path) as f:
+                d = json.load(f)
+            results.update(d["runs"])
+            rows += d["rows"]
+            commands.append(d["command"])
+    else:
+        if args.baselines is None:
+            skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"
+            args.baselines = ",".join(b for b in BASELINES if b != skip)
+        args.baselines = [b for b in args.baselines.split(",") if b]
+        for task in args.tasks.split(","):
+            m = run_task(task, args)
+            results[task] = m
+            rows += rows_of(task, m)
+            print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
+        commands.append(" ".join(sys.argv))
+    at_ceiling, by_budget = report(rows, results)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, runs=results, saturated=at_ceiling,
-                           command=" ".join(sys.argv)), f, indent=1)
+            json.dump(dict(rows=rows, runs=results, saturated=at_ceiling, budget_checks=by_budget,
+                           command=" ".join(["python"] + sys.argv) if args.combine else commands[0],
+                           commands=commands), f, indent=1)
     return results
 
 
