@@ -94,7 +94,9 @@ def main(argv=None):
                   + ", ".join(f"{h} ({roles[h]})" for h in common))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(roles_file=args.roles, circuits=circuits, n_heads=n_heads, table=table,
+            named = [n + "=" + os.path.relpath(path, ROOT)
+                     for n, path in (spec.split("=", 1) for spec in circuits)]
+            json.dump(dict(roles_file=args.roles, circuits=named, n_heads=n_heads, table=table,
                            overlap=overlap, shared=shared,
                            kept={n: sorted(v) for n, v in kept.items()},
                            command=" ".join(["python", "benchmarks/roles_vs_circuits.py"] + sys.argv[1:])),
