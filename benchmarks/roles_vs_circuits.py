@@ -23,6 +23,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 from condense.graph import Graph
 from condense.models import load_model
+from hap_vs_ep import heads  # the heads on an input -> logits path of a circuit
 
 ROLES = ("functional", "passthrough", "unimportant")
 
@@ -30,8 +31,7 @@ ROLES = ("functional", "passthrough", "unimportant")
 def kept_heads(path, model):
     g = Graph.from_json(path, model)
     g.prune()
-    on = g.nodes_in_graph().tolist()
-    return {n for n, flag in zip(g.node_names, on) if flag and n.startswith("a")}
+    return heads(g)
 
 
 def main(argv=None):
@@ -47,6 +47,12 @@ def main(argv=None):
         "EAP-IG=" + os.path.join(ROOT, "checkpoints", "eap_ig_smollm2_ioi", "circuit.json.gz"),
         "C1=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi", "circuit.json"),
         "C1 4-bit=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_4bit_ioi", "circuit.json")]
+    bad = [spec for spec in circuits if "=" not in spec or not os.path.exists(spec.split("=", 1)[1])]
+    if bad:
+        ap.error(f"--circuit wants NAME=PATH to an existing circuit file; got {bad[0]!r}")
+    if not os.path.exists(args.roles):
+        ap.error(f"--roles {args.roles}: no such file (the roles.json of an S3martCirc run, e.g. "
+                 "benchmarks/s3martcirc.py --model smollm2 --tasks ioi writes the default one)")
     with open(args.roles) as f:
         roles = {n: e["role"] for n, e in json.load(f)["nodes"].items() if n.startswith("a")}
     model = load_model(args.model)
