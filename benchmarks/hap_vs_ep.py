@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import torch
@@ -229,6 +230,7 @@ def main():
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(args.model)
+    command = " ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:])
     results, summaries = [], []
     if args.json and os.path.exists(args.json):  # resume: keep the (task, seed)s already done
         with open(args.json) as f:
@@ -246,7 +248,7 @@ def main():
             summaries.append(s)
             if args.json:  # after every seed, so that an interrupted run loses at most one
                 with open(args.json, "w") as f:
-                    json.dump(dict(args=vars(args), results=results, summary=summaries,
+                    json.dump(dict(command=command, args=vars(args), results=results, summary=summaries,
                                    partial=True), f, indent=1)
 
     print("\n| task | seed | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
@@ -262,7 +264,7 @@ def main():
     print(f"\ntotal {total:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), results=results, summary=summaries, aggregate=aggregate,
+            json.dump(dict(command=command, args=vars(args), results=results, summary=summaries, aggregate=aggregate,
                            total_seconds=total),
                       f, indent=1)
 
