@@ -2,12 +2,13 @@
 condense runs, then one table of smallest faithful circuits, CPR/CMD and ranking times.
 
     HF_HUB_OFFLINE=1 python benchmarks/smollm2_baselines.py [--out runs/smollm2_baselines]
-        [--jobs 2] [--only eap_ig] [--no-double] [--json PATH] [--keep-circuits]
+        [--jobs 2] [--only eap_ig] [--row-check 128,256] [--json PATH] [--keep-circuits]
 
 Each run is `python condense/train.py --recipe <recipe> output_dir=<out>/<method>_<task>` in its
 own process (`--jobs` at a time, one torch thread each); a run whose metrics.json exists is
-not rerun, so an interrupted benchmark resumes. The row check reruns EAP-IG on IOI with twice
-the train and val rows (`n_train=128 n_val=128`) and compares the smallest faithful sizes.
+not rerun, so an interrupted benchmark resumes. The row check reruns EAP-IG on IOI with more
+train and val rows (`--row-check 128,256`: `n_train=n_val=128`, then 256) and compares the
+smallest faithful sizes of each doubling.
 `--keep-circuits` copies each EAP-IG run's circuit (gzipped MIB JSON), metrics.json and curve
 into `checkpoints/eap_ig_smollm2_<task>/`, where condensation runs compare against them.
 Ranking time is wall time of one process beside the other jobs: read it as a ratio to EAP's
@@ -41,9 +42,15 @@ def recipes(only):
     return found
 
 
+def run_name(method, task, overrides):
+    """The run folder's name: a row-check run is named by its row count."""
+    rows = [o.split("=")[1] for o in overrides if o.startswith("n_train=")]
+    return f"{method}_{task}" + (f"_rows{rows[0]}" if rows else "")
+
+
 def run_one(job, out):
     method, task, recipe, overrides = job
-    name = f"{method}_{task}" + ("_x2" if overrides else "")
+    name = run_name(method, task, overrides)
     folder = os.path.join(out, name)
     if os.path.exists(os.path.join(folder, "metrics.json")):
         return name, folder, "done before"
@@ -63,7 +70,7 @@ def run_one(job, out):
 def summary(out, jobs):
     rows = []
     for method, task, recipe, overrides in jobs:
-        name = f"{method}_{task}" + ("_x2" if overrides else "")
+        name = run_name(method, task, overrides)
         path = os.path.join(out, name, "metrics.json")
         if not os.path.exists(path):
             continue
@@ -83,10 +90,20 @@ def summary(out, jobs):
     return rows
 
 
+def row_check(rows):
+    """EAP-IG IOI's smallest faithful size at each row count whose half was run too: one
+    record per doubling (rows, edges, the doubled run's, the relative change)."""
+    sizes = {r["n_train"]: r["edges"] for r in rows
+             if r["method"] == "eap_ig" and r["task"] == "ioi" and r["n_train"] == r["n_val"]}
+    return [dict(rows=n, rows_doubled=2 * n, edges=sizes[n], edges_doubled=sizes[2 * n],
+                 relative_change=(sizes[2 * n] - sizes[n]) / sizes[n])
+            for n in sorted(sizes) if 2 * n in sizes]
+
+
 def markdown(rows):
     order = {t: i for i, t in enumerate(TASK_ORDER)}
     rows = sorted(rows, key=lambda r: (order.get(r["task"], 99), r["method"] != "eap_ig",
-                                       r["method"], bool(r["overrides"])))
+                                       r["method"], r["n_train"]))
     lines = ["| task | method | rows (train/val) | smallest faithful (edges) | % of graph | f val | "
              "f test | test accuracy (model) | CPR ↑ | CMD ↓ | rank s | rank / EAP |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -120,16 +137,21 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
-    ap.add_argument("--no-double", action="store_true", help="skip the doubled-rows IOI check")
+    ap.add_argument("--row-check", default="128",
+                    help="comma-separated row counts (train = val) for EAP-IG IOI reruns, each "
+                         "compared with the run of half as many rows ('' skips the check)")
+    ap.add_argument("--no-double", action="store_true", help="the same as --row-check ''")
     ap.add_argument("--keep-circuits", action="store_true",
                     help="copy the EAP-IG circuits into checkpoints/eap_ig_smollm2_<task>/")
     ap.add_argument("--json", help="also write the table's rows here")
     args = ap.parse_args(argv)
     only = [m for m in args.only.split(",") if m]
     jobs = recipes(only)
-    if not args.no_double and (not only or "eap_ig" in only):
-        jobs.insert(1, ("eap_ig", "ioi", os.path.join(ROOT, "recipes", "eap_ig", "smollm2_ioi.yaml"),
-                        ["n_train=128", "n_val=128"]))
+    counts = [] if args.no_double else [int(n) for n in args.row_check.split(",") if n]
+    if not only or "eap_ig" in only:
+        for n in counts:
+            jobs.insert(1, ("eap_ig", "ioi", os.path.join(ROOT, "recipes", "eap_ig", "smollm2_ioi.yaml"),
+                            [f"n_train={n}", f"n_val={n}"]))
     # the slowest first, so that two queues end together
     weight = dict(eap_gp=3, eap_ig=2, eap_ig_activations=2)
     jobs.sort(key=lambda j: (-weight.get(j[0], 1), -len(j[3])))
@@ -137,16 +159,11 @@ def main(argv=None):
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(lambda j: run_one(j, args.out), jobs))
     rows = summary(args.out, jobs)
-    double = [r for r in rows if r["overrides"]]
-    single = [r for r in rows if r["run"] == "eap_ig_ioi"]
-    check = None
-    if double and single:
-        a, b = single[0]["edges"], double[0]["edges"]
-        check = dict(rows_64=a, rows_128=b, relative_change=(b - a) / a)
+    check = row_check(rows)
     print(markdown(rows))
-    if check:
-        print(f"\nEAP-IG IOI, doubled rows: {check['rows_64']} -> {check['rows_128']} edges "
-              f"({100 * check['relative_change']:+.1f} %)")
+    for c in check:
+        print(f"\nEAP-IG IOI, rows {c['rows']} -> {c['rows_doubled']}: {c['edges']} -> "
+              f"{c['edges_doubled']} edges ({100 * c['relative_change']:+.1f} %)")
     if args.keep_circuits:
         keep_circuits(rows, args.out)
     if args.json:

@@ -474,3 +474,37 @@ def test_max_rounds_caps_or_extends_a_run_on_resume(tiny_model, tmp_path):
     assert again["rounds"] == 3 and [r["round"] for r in _rounds(out)] == [1, 2, 3]
     with pytest.raises(RecipeError, match="heal_steps"):  # a key that changes what rounds do
         _run(recipe, "max_rounds=3", "heal_steps=7", f"output_dir={out}")
+
+
+def test_final_heal_is_gated_recorded_and_runs_once(tiny_model, tmp_path, monkeypatch):
+    """final_heal_steps heals the finished circuit once more: the run's own end is resumed into
+    it (no round reruns), the adapter changes, metrics.json records it, and a rerun does not heal
+    again; a final heal the gate rejects leaves the last accepted adapter in place."""
+    from safetensors.torch import load_file
+    out = str(tmp_path / "out")
+    recipe = _recipe(tmp_path, tiny_model)
+    plain = _run(recipe, f"output_dir={out}")
+    before = load_file(os.path.join(out, "adapter_model.safetensors"))
+    assert "final_heal" not in plain
+    calls = []
+    real = healing.heal
+    monkeypatch.setattr(loop, "heal", lambda *a, **k: calls.append(a[4].heal_steps) or real(*a, **k))
+    healed = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
+    assert calls == [5]  # only the final heal: the rounds were resumed, not rerun
+    assert healed["final_heal"]["accepted"] and healed["final_heal"]["steps"] == 5
+    assert healed["edges"] == plain["edges"] and healed["rounds"] == plain["rounds"]
+    after = load_file(os.path.join(out, "adapter_model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert sorted(os.listdir(os.path.join(out, "state")))[0].endswith("f.safetensors")
+    again = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
+    assert calls == [5] and again["final_heal"] == healed["final_heal"]
+    # a gate no final heal can pass: the adapter of the last accepted round stays
+    out2 = str(tmp_path / "out2")
+    _run(recipe, f"output_dir={out2}")
+    kept = load_file(os.path.join(out2, "adapter_model.safetensors"))
+    monkeypatch.setattr(loop.Gate, "__call__", lambda self, model, circuit: (False, dict(
+        accuracy=0.0, ppl_ratio=1.0, kl=1.0, faithfulness=0.0)))
+    rejected = _run(recipe, "final_heal_steps=5", f"output_dir={out2}")
+    assert not rejected["final_heal"]["accepted"]
+    restored = load_file(os.path.join(out2, "adapter_model.safetensors"))
+    assert all(torch.equal(kept[k], restored[k]) for k in kept)

@@ -12,7 +12,7 @@ from condense.config import RecipeError, RunConfig, at_least
 class CondenseConfig(RunConfig):
     """Condensation's keys (the module docstring describes the loop)."""
     # a run may be capped or extended on resume: the rounds done so far do not depend on it
-    rerun_free = ("max_rounds", "n_test")
+    rerun_free = ("max_rounds", "n_test", "final_heal_steps")
     method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
     heal: bool = field(default=True, metadata={
         "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
@@ -38,6 +38,11 @@ class CondenseConfig(RunConfig):
     heal_ablated_grad: bool = field(default=True, metadata={
         "help": "backpropagate the heal loss through the corrupted run too (the "
                 "adapter also changes what pruned edges carry); false: that run is detached"})
+    final_heal_steps: int = field(default=0, metadata={
+        "help": "after the last round, heal the final circuit this many steps more (no early "
+                "stop) and keep that adapter only if the gate still accepts it; with "
+                "heal_if_needed the last accepted cuts may never have been healed at their "
+                "own size. 0: no final heal (the design's loop)"})
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha"})
     lora_targets: Optional[list] = field(default=None, metadata={
@@ -78,7 +83,7 @@ class CondenseConfig(RunConfig):
         super().check()
         for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
             at_least(self, key, 1)
-        for key in ("heal_general_weight", "heal_stop_loss", "n_general"):
+        for key in ("heal_general_weight", "heal_stop_loss", "n_general", "final_heal_steps"):
             at_least(self, key, 0)
         at_least(self, "heal_lr", 0, strict=True)
 

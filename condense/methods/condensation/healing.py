@@ -95,7 +95,7 @@ def general_loss(model, blocks):
     return (target.exp() * (target - logp)).sum(-1).mean()
 
 
-def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None):
+def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
@@ -118,7 +118,7 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
 
     model.train()
     try:
-        return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr, desc=f"heal round {rnd}",
+        return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr, desc=desc or f"heal round {rnd}",
                    progress=progress, stop_below=cfg.heal_stop_loss or None)
     finally:
         model.eval()

@@ -1,5 +1,6 @@
 """The condensation loop: rank -> prune -> heal -> gate, round by round (see the package
 docstring), then the final metrics and files."""
+import dataclasses
 import math
 import os
 import time
@@ -201,6 +202,7 @@ class _Loop:
             _wandb_log(self.ctx.accelerator, cfg, record)
         state["rounds"].append(record)
         state["round"] = rnd
+        state.pop("final_heal", None)  # a new end of the loop gets its own final heal
         if ok:
             circuit = candidate
             state["accepted_round"] = rnd
@@ -217,6 +219,38 @@ class _Loop:
         if is_main():
             _write_rounds(self.out, state["rounds"])
         return state, circuit
+
+    def final_heal(self, state, circuit):
+        """`final_heal_steps` more heal steps on the final circuit (no early stop), kept only if
+        the gate still accepts; recorded in state["final_heal"] and metrics.json. Runs once
+        per end of the loop (a resumed run that adds rounds heals its new end again)."""
+        cfg, model = self.cfg, self.model
+        t0 = time.perf_counter()
+        before = adapter_state(model)
+        steps_cfg = dataclasses.replace(cfg, heal_steps=cfg.final_heal_steps, heal_stop_loss=0.0)
+        rnd = state["round"] + 1  # the seed of the round that would come next
+        try:
+            losses = heal(model, circuit, self.rows["train"], self.target_logp, steps_cfg, rnd,
+                          general_blocks=self.train_blocks, desc="final heal")
+            ok, g = self.gate(model, circuit)
+        except HealDiverged as e:
+            losses, ok, g = [], False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
+                                            faithfulness=math.nan)
+            log(f"final heal diverged: {e}")
+        if world()[1] > 1:
+            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
+            ok = bool(votes.item() == world()[1])
+        if not ok:
+            load_adapter_state(model, before)
+        record = dict(steps=cfg.final_heal_steps, accepted=bool(ok), edges=circuit.count_edges(on_path=True),
+                      accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
+                      time=time.perf_counter() - t0)
+        log(f"final heal ({cfg.final_heal_steps} steps): val accuracy {record['accuracy']:.3f}, "
+            f"KL {record['kl']:.4f}, ppl ratio {record['ppl_ratio']:.4f}, f "
+            f"{record['faithfulness']:.3f}: {'kept' if ok else 'rejected, the last accepted adapter kept'}")
+        state["final_heal"] = record
+        return _save_state(self.out, model, circuit, state)
 
     def finish(self):
         """Final metrics on test from the committed state (a resumed run ends identically)."""
@@ -249,6 +283,8 @@ class _Loop:
             rounds_seconds=sum(r.get("time", 0.0) for r in state["rounds"]),
             n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
             n_general=len(self.blocks), **extra)
+        if state.get("final_heal"):
+            metrics["final_heal"] = state["final_heal"]
         name = "heal-only" if not cfg.prune else ("C1" if cfg.heal else "C0")
         log(f"{name}: {metrics['edges']} edges, test accuracy "
             f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
@@ -276,6 +312,9 @@ def run_condense(ctx: RunContext) -> dict:
     max_rounds = ctx.cfg.max_rounds if ctx.cfg.prune else 1
     while not state["done"] and state["round"] < max_rounds:
         state, circuit = loop.round(state, circuit)
+    cfg = ctx.cfg
+    if cfg.final_heal_steps and cfg.heal and cfg.prune and not state.get("final_heal"):
+        state = loop.final_heal(state, circuit)
     return loop.finish()
 
 

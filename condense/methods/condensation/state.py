@@ -27,7 +27,9 @@ def barrier():
 def _save_state(out, model, circuit, state):
     """Commit a round (main process writes; every process returns the same state)."""
     from safetensors.torch import save
-    tag = f"r{state['accepted_round']:04d}"
+    # the final heal's adapter gets its own files: a kill before its state.json leaves the
+    # previous commit's files untouched
+    tag = f"r{state['accepted_round']:04d}" + ("f" if state.get("final_heal") else "")
     adapter_file, circuit_file = f"adapter_{tag}.safetensors", f"circuit_{tag}.json"
     if not is_main():
         barrier()
