@@ -476,35 +476,43 @@ def test_max_rounds_caps_or_extends_a_run_on_resume(tiny_model, tmp_path):
         _run(recipe, "max_rounds=3", "heal_steps=7", f"output_dir={out}")
 
 
-def test_final_heal_is_gated_recorded_and_runs_once(tiny_model, tmp_path, monkeypatch):
+def test_final_heal_is_gated_recorded_and_undone_when_its_settings_change(tiny_model, tmp_path, monkeypatch):
     """final_heal_steps heals the finished circuit once more: the run's own end is resumed into
-    it (no round reruns), the adapter changes, metrics.json records it, and a rerun does not heal
-    again; a final heal the gate rejects leaves the last accepted adapter in place."""
+    it (no round reruns), the adapter changes, metrics.json records it, a rerun does not heal
+    again; other settings (or none) start again from the adapter the final heal started from;
+    a final heal the gate rejects leaves the last accepted adapter in place."""
     from safetensors.torch import load_file
+
+    def adapter(folder):
+        return load_file(os.path.join(folder, "adapter_model.safetensors"))
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
     out = str(tmp_path / "out")
     recipe = _recipe(tmp_path, tiny_model)
     plain = _run(recipe, f"output_dir={out}")
-    before = load_file(os.path.join(out, "adapter_model.safetensors"))
+    before = adapter(out)
     assert "final_heal" not in plain
     calls = []
     real = healing.heal
-    monkeypatch.setattr(loop, "heal", lambda *a, **k: calls.append(a[4].heal_steps) or real(*a, **k))
+    monkeypatch.setattr(loop, "heal", lambda *a, **k: calls.append((a[4].heal_steps, len(a[2])))
+                        or real(*a, **k))
     healed = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
-    assert calls == [5]  # only the final heal: the rounds were resumed, not rerun
-    assert healed["final_heal"]["accepted"] and healed["final_heal"]["steps"] == 5
+    assert calls == [(5, 8)]  # only the final heal, on the run's 8 train rows: no round reran
+    fh = healed["final_heal"]
+    assert fh["accepted"] and (fh["steps"], fh["rows"]) == (5, 8)
     assert healed["edges"] == plain["edges"] and healed["rounds"] == plain["rounds"]
-    after = load_file(os.path.join(out, "adapter_model.safetensors"))
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert sorted(os.listdir(os.path.join(out, "state")))[0].endswith("f.safetensors")
-    again = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
-    assert calls == [5] and again["final_heal"] == healed["final_heal"]
+    assert not same(before, adapter(out))
+    assert _run(recipe, "final_heal_steps=5", f"output_dir={out}")["final_heal"] == fh
+    assert calls == [(5, 8)]  # done: not healed again
+    more = _run(recipe, "final_heal_steps=5", "final_heal_rows=12", f"output_dir={out}")
+    assert calls == [(5, 8), (5, 12)] and more["final_heal"]["rows"] == 12
+    off = _run(recipe, f"output_dir={out}")  # no final heal: the rounds' own adapter again
+    assert "final_heal" not in off and same(before, adapter(out))
+    assert sorted(os.listdir(os.path.join(out, "state")))[0] == "adapter_r" + \
+        f"{json.load(open(os.path.join(out, 'state', 'state.json')))['accepted_round']:04d}.safetensors"
     # a gate no final heal can pass: the adapter of the last accepted round stays
-    out2 = str(tmp_path / "out2")
-    _run(recipe, f"output_dir={out2}")
-    kept = load_file(os.path.join(out2, "adapter_model.safetensors"))
     monkeypatch.setattr(loop.Gate, "__call__", lambda self, model, circuit: (False, dict(
         accuracy=0.0, ppl_ratio=1.0, kl=1.0, faithfulness=0.0)))
-    rejected = _run(recipe, "final_heal_steps=5", f"output_dir={out2}")
-    assert not rejected["final_heal"]["accepted"]
-    restored = load_file(os.path.join(out2, "adapter_model.safetensors"))
-    assert all(torch.equal(kept[k], restored[k]) for k in kept)
+    rejected = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
+    assert not rejected["final_heal"]["accepted"] and same(before, adapter(out))

@@ -12,7 +12,7 @@ from condense.config import RecipeError, RunConfig, at_least
 class CondenseConfig(RunConfig):
     """Condensation's keys (the module docstring describes the loop)."""
     # a run may be capped or extended on resume: the rounds done so far do not depend on it
-    rerun_free = ("max_rounds", "n_test", "final_heal_steps")
+    rerun_free = ("max_rounds", "n_test", "final_heal_steps", "final_heal_rows")
     method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
     heal: bool = field(default=True, metadata={
         "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
@@ -43,6 +43,9 @@ class CondenseConfig(RunConfig):
                 "stop) and keep that adapter only if the gate still accepts it; with "
                 "heal_if_needed the last accepted cuts may never have been healed at their "
                 "own size. 0: no final heal (the design's loop)"})
+    final_heal_rows: Optional[int] = field(default=None, metadata={
+        "help": "train rows for the final heal (the first this many of the train split, "
+                "a superset of the run's; null: the run's n_train rows)"})
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha"})
     lora_targets: Optional[list] = field(default=None, metadata={
@@ -97,6 +100,8 @@ class CondenseConfig(RunConfig):
             bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
         if self.init_circuit:
             self._check_init_circuit()
+        if self.final_heal_rows is not None and self.final_heal_rows < 1:
+            bad("final_heal_rows", "must be at least 1 or null")
         if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
             bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
         if self.early_rank_method is not None:

@@ -202,7 +202,6 @@ class _Loop:
             _wandb_log(self.ctx.accelerator, cfg, record)
         state["rounds"].append(record)
         state["round"] = rnd
-        state.pop("final_heal", None)  # a new end of the loop gets its own final heal
         if ok:
             circuit = candidate
             state["accepted_round"] = rnd
@@ -221,16 +220,23 @@ class _Loop:
         return state, circuit
 
     def final_heal(self, state, circuit):
-        """`final_heal_steps` more heal steps on the final circuit (no early stop), kept only if
-        the gate still accepts; recorded in state["final_heal"] and metrics.json. Runs once
-        per end of the loop (a resumed run that adds rounds heals its new end again)."""
+        """`final_heal_steps` more heal steps on the final circuit (no early stop), on the first
+        `final_heal_rows` train rows (null: the run's), kept only if the gate still accepts;
+        recorded in state["final_heal"] (with the adapter it started from, kept in state/) and
+        in metrics.json."""
         cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
         before = adapter_state(model)
+        rows, target = self.rows["train"], self.target_logp
+        if cfg.final_heal_rows and cfg.final_heal_rows != len(rows):
+            rows = tasks.load_task(cfg.task, self.ctx.tokenizer, "train", n=cfg.final_heal_rows,
+                                   seed=cfg.seed)
+            with model.disable_adapter():  # the original model's outputs on the new rows
+                target = last_logprobs(model, rows, cfg.batch_size)
         steps_cfg = dataclasses.replace(cfg, heal_steps=cfg.final_heal_steps, heal_stop_loss=0.0)
         rnd = state["round"] + 1  # the seed of the round that would come next
         try:
-            losses = heal(model, circuit, self.rows["train"], self.target_logp, steps_cfg, rnd,
+            losses = heal(model, circuit, rows, target, steps_cfg, rnd,
                           general_blocks=self.train_blocks, desc="final heal")
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
@@ -242,15 +248,26 @@ class _Loop:
             ok = bool(votes.item() == world()[1])
         if not ok:
             load_adapter_state(model, before)
-        record = dict(steps=cfg.final_heal_steps, accepted=bool(ok), edges=circuit.count_edges(on_path=True),
-                      accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
-                      faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
-                      time=time.perf_counter() - t0)
-        log(f"final heal ({cfg.final_heal_steps} steps): val accuracy {record['accuracy']:.3f}, "
-            f"KL {record['kl']:.4f}, ppl ratio {record['ppl_ratio']:.4f}, f "
-            f"{record['faithfulness']:.3f}: {'kept' if ok else 'rejected, the last accepted adapter kept'}")
+        record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
+                      edges=circuit.count_edges(on_path=True), accuracy=g["accuracy"],
+                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
+                      heal_loss=losses[-1] if losses else None, time=time.perf_counter() - t0,
+                      from_adapter=state["adapter_file"])
+        log(f"final heal ({cfg.final_heal_steps} steps, {len(rows)} rows): val accuracy "
+            f"{record['accuracy']:.3f}, KL {record['kl']:.4f}, ppl ratio {record['ppl_ratio']:.4f}, "
+            f"f {record['faithfulness']:.3f}: "
+            f"{'kept' if ok else 'rejected, the last accepted adapter kept'}")
         state["final_heal"] = record
         return _save_state(self.out, model, circuit, state)
+
+    def undo_final_heal(self, state, circuit):
+        """Back to the adapter the final heal started from (before more rounds, or before a
+        final heal of other settings), so that a final heal never changes what rounds do."""
+        from safetensors.torch import load_file
+        record = state.pop("final_heal")
+        load_adapter_state(self.model, load_file(os.path.join(self.out, "state", record["from_adapter"])))
+        log("final heal undone: its settings changed or more rounds follow")
+        return _save_state(self.out, self.model, circuit, state)
 
     def finish(self):
         """Final metrics on test from the committed state (a resumed run ends identically)."""
@@ -309,11 +326,17 @@ def run_condense(ctx: RunContext) -> dict:
     """The condensation run (see the module docstring); returns metrics.json's contents."""
     loop = _Loop(ctx)
     state, circuit = loop.start()
-    max_rounds = ctx.cfg.max_rounds if ctx.cfg.prune else 1
+    cfg = ctx.cfg
+    max_rounds = cfg.max_rounds if cfg.prune else 1
+    wanted = (dict(steps=cfg.final_heal_steps, rows=cfg.final_heal_rows or cfg.n_train)
+              if cfg.final_heal_steps and cfg.heal and cfg.prune else None)
+    done = state.get("final_heal")
+    more_rounds = not state["done"] and state["round"] < max_rounds
+    if done and (more_rounds or wanted != dict(steps=done["steps"], rows=done["rows"])):
+        state = loop.undo_final_heal(state, circuit)
     while not state["done"] and state["round"] < max_rounds:
         state, circuit = loop.round(state, circuit)
-    cfg = ctx.cfg
-    if cfg.final_heal_steps and cfg.heal and cfg.prune and not state.get("final_heal"):
+    if wanted and not state.get("final_heal"):
         state = loop.final_heal(state, circuit)
     return loop.finish()
 

@@ -43,8 +43,10 @@ def _save_state(out, model, circuit, state):
     circuit.to_json(os.path.join(sdir, circuit_file))
     state = dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
     write_json(os.path.join(sdir, STATE_FILE), state)  # last: commits the round
-    for f in os.listdir(sdir):  # older accepted states are no longer referenced
-        if f.startswith(("adapter_r", "circuit_r")) and f not in (adapter_file, circuit_file):
+    # older accepted states are no longer referenced (the final heal's starting adapter is)
+    keep = {adapter_file, circuit_file, (state.get("final_heal") or {}).get("from_adapter")}
+    for f in os.listdir(sdir):
+        if f.startswith(("adapter_r", "circuit_r")) and f not in keep:
             os.unlink(os.path.join(sdir, f))
     barrier()
     return state
