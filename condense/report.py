@@ -379,9 +379,12 @@ def verify_summary(verify: dict) -> str:
     if not verify:
         return ('<p>Not verified yet: <code>condense verify RUN_DIR</code> (circuits up to 20 '
                 'edges) adds subsets, pairs and their pictures here.</p>')
+    local = verify.get("mode") == "local"  # one- and two-edge removals only
     items = [("criterion", verify.get("criterion")), ("circuit passes it", verify.get("circuit_faithful")),
-             ("irreducible", verify.get("irreducible")),
-             ("minimal faithful subsets", verify.get("n_minimal_faithful_subsets")),
+             ("irreducible", "not checked (local)" if local and verify.get("irreducible") is None
+              else verify.get("irreducible")),
+             ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
+              verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets")),
              ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
              ("median partners", verify.get("partners_median")),
              ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]

@@ -342,3 +342,41 @@ def test_accuracy_criterion_and_the_runs_own_rule():
         criterion="accuracy", accuracy_tol=0.03, threshold=0.9)
     assert run_criterion(CondenseConfig(gate_faithfulness=0.8))["criterion"] == "both"
     assert run_criterion(ScoringConfig())["criterion"] == "faithfulness"
+
+
+def test_local_verification_agrees_with_the_exhaustive_table():
+    """--local evaluates the circuit and its one- and two-edge removals only: on the redundant
+    model its pairs equal the exhaustive report's and it finds the circuit reducible (a one-edge
+    removal passes); on MIXED_CIRCUIT (14 edges, GPT-2 with LoRA) every removal's f equals the exhaustive
+    table's and 1-minimality is what that table says about the one-edge removals."""
+    model, rows = redundant_model(), redundant_rows()
+    g = circuit(model, REDUNDANT)
+    full, _, _ = verify_circuit(model, g, rows, batch_size=3, tau=0.05)
+    local, f_none, _ = verify_circuit(model, g, rows, batch_size=3, tau=0.05, local=True)
+    assert f_none is None and local["mode"] == "local" and full["mode"] == "exhaustive"
+    k = len(REDUNDANT)
+    assert local["subsets_evaluated"] == 1 + k + k * (k - 1) // 2
+    assert local["circuit_faithful"] and local["irreducible"] is False and not local["one_minimal"]
+    assert local["pairs"] == full["pairs"] and local["partners"] == full["partners"]
+
+    model = random_model("gpt2", lora=True)
+    rows = random_rows(n=5)
+    g = circuit(model, MIXED_CIRCUIT)
+    full, f, _ = verify_circuit(model, g, rows, batch_size=4, threshold=0.5)
+    local, _, _ = verify_circuit(model, g, rows, batch_size=4, threshold=0.5, local=True)
+    n, names = full["n_edges"], full["edges"]
+    every = 2 ** n - 1
+    for i, name in enumerate(names):
+        assert abs(local["faithfulness_without_edge"][name] - float(f[every ^ (1 << i)])) < TOL
+    passes = [bool(f[every ^ (1 << i)] >= 0.5) for i in range(n)]
+    assert local["one_minimal"] == (not any(passes))
+    assert local["removable_edges"] == [names[i] for i in range(n) if passes[i]]
+    for a, b in zip(local["pairs"], full["pairs"]):
+        assert abs(a["delta_ij"] - b["delta_ij"]) < TOL and a["interacts"] == b["interacts"]
+    # a circuit too large to enumerate or to name by subset id (over 62 edges) is checked locally
+    big = Graph.from_model(model)
+    big.reset(in_graph=True)
+    report, _, _ = verify_circuit(model, big, rows, batch_size=4, local=True, max_edges=5)
+    assert report["n_edges"] == big.n_edges > 62
+    assert report["subsets_evaluated"] == 1 + report["n_edges"] + report["n_edges"] * (report["n_edges"] - 1) // 2
+    assert abs(report["faithfulness_circuit"] - 1.0) < TOL  # every edge on: the full model

@@ -20,6 +20,11 @@ one, and on `--n` rows of `--split`:
 - pairwise ablation: with m the mean logit difference, Δi = m(C∖{i}) - m(C) and
   Δij = m(C∖{i,j}) - m(C); the pair interacts when |Δij - Δi - Δj| > τ·|m(C) - m(∅)|;
   reported: every pair, interaction partners per edge and their median.
+`--local` verifies circuits beyond --max-edges (no enumeration): the circuit, every circuit
+without one edge and every circuit without two (1 + n + n(n-1)/2 subsets). It reports whether
+the circuit passes its criterion, the edges whose removal still passes (none: "1-minimal";
+any: reducible, a smaller passing subset found) and the same pairwise ablation; irreducibility
+itself needs every subset and stays unchecked (`irreducible` is null unless a removal passes).
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
 `verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
 indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
@@ -51,7 +56,9 @@ def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
             f"the circuit has {n_edges} in-graph edges; exhaustive verification evaluates all "
             f"2^n subsets and is limited to {max_edges} edges (--max-edges {max_edges}). Raise the "
             f"limit with --max-edges {n_edges} (each edge doubles the work: 2^{n_edges} = "
-            f"{2 ** n_edges:,} subsets) or verify a smaller circuit.")
+            f"{2 ** n_edges:,} subsets), verify a smaller circuit, or check it locally with "
+            f"--local (every one- and two-edge removal: {1 + n_edges + math.comb(n_edges, 2):,} "
+            f"subsets).")
 
 
 def count_circuit_edges(path):
@@ -168,18 +175,21 @@ CRITERIA = ("run", "faithfulness", "accuracy", "both")
 def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str = "patching",
                    means=None, threshold: float = 0.9, tau: float = 0.05, batch_size: int = 32,
                    method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES, progress=None,
-                   criterion: str = "faithfulness",
-                   accuracy_tol: float = 0.05) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   criterion: str = "faithfulness", accuracy_tol: float = 0.05,
+                   local: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the full model's, condensation's gate) or "both".
-    Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n])."""
+    Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
+    `local`: the one- and two-edge removals only (see analyse_local), any size, and
+    (report, None, None)."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     from condense.evaluate import reference_outputs
     from condense.verify.subsets import SubsetEvaluator
 
-    check_size(graph.n_edges, max_edges)
+    if not local:
+        check_size(graph.n_edges, max_edges)
     evaluator = SubsetEvaluator(model, graph, dataset, intervention, means=means,
                                 batch_size=batch_size, method=method)
     start = time.perf_counter()
@@ -194,17 +204,29 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     reference_s = time.perf_counter() - start
 
     n = evaluator.n_edges
+    floor = accuracy_full - accuracy_tol - ACCURACY_EPS if criterion in ("accuracy", "both") else None
+    rule = threshold if criterion in ("faithfulness", "both") else None
     start = time.perf_counter()
+    if local:
+        masks = local_masks(n)
+        ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True)
+        subsets_s = time.perf_counter() - start
+        report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau, floor)
+        report.update(
+            criterion=criterion, accuracy_full_model=accuracy_full, intervention=intervention,
+            method=evaluator.method, n_rows=evaluator.n_rows,
+            n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
+            timing=dict(reference_s=reference_s, subsets_s=subsets_s,
+                        subset_prompts_per_s=len(masks) * evaluator.n_rows / subsets_s))
+        return report, None, None
     ld, accuracy = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress,
                                               with_accuracy=True)
     subsets_s = time.perf_counter() - start
     start = time.perf_counter()
-    report, f, minimal = analyse(
-        ld, evaluator.edge_names, ld_full, ld_empty,
-        threshold if criterion in ("faithfulness", "both") else None, tau, accuracy,
-        accuracy_full - accuracy_tol - ACCURACY_EPS if criterion in ("accuracy", "both") else None)
+    report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, rule, tau, accuracy,
+                                 floor)
     report.update(
-        criterion=criterion, accuracy_full_model=accuracy_full,
+        mode="exhaustive", criterion=criterion, accuracy_full_model=accuracy_full,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
         n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
         bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
@@ -213,6 +235,58 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                             subsets_per_s=2 ** n / subsets_s,
                             subset_prompts_per_s=2 ** n * evaluator.n_rows / subsets_s)
     return report, f, minimal
+
+
+def local_masks(n):
+    """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair."""
+    full = torch.ones(n, dtype=torch.bool)
+    masks = [full]
+    for i in range(n):
+        m = full.clone()
+        m[i] = False
+        masks.append(m)
+    for i in range(n):
+        for j in range(i + 1, n):
+            m = full.clone()
+            m[[i, j]] = False
+            masks.append(m)
+    return torch.stack(masks)
+
+
+def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
+    """Report from the mean LD and accuracy of local_masks(n)'s subsets (in that order)."""
+    n = len(names)
+    denom = ld_full - ld_empty
+    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
+    ok = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
+    if accuracy_floor is not None:
+        ok &= accuracy >= accuracy_floor - 1e-12
+    # pair_interactions indexes by subset id: give it the ids of these subsets
+    full = 2 ** n - 1
+    ids = [full] + [full ^ (1 << i) for i in range(n)] + [
+        full ^ (1 << i) ^ (1 << j) for i in range(n) for j in range(i + 1, n)]
+    by_id = {k: float(v) for k, v in zip(ids, ld)}
+    by_id[0] = ld_empty
+    pairs = pair_interactions(by_id, n, tau)
+    for p in pairs["pairs"]:
+        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
+    removable = [names[i] for i in range(n) if bool(ok[1 + i])]
+    removable_pairs = [[names[p["i"]], names[p["j"]]] for k, p in enumerate(pairs["pairs"])
+                       if bool(ok[1 + n + k])]
+    reducible = bool(ok[1:].any())
+    return dict(
+        mode="local", n_edges=n, edges=names, threshold=threshold, tau=tau,
+        accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
+        logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
+        faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),
+        irreducible=False if reducible else None, one_minimal=not removable,
+        removable_edges=removable, removable_pairs=removable_pairs,
+        faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(n)},
+        accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(n)},
+        n_minimal_faithful_subsets=None, pairs=pairs["pairs"], pair_scale=pairs["scale"],
+        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
+        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
+        partners_median=_median(pairs["partners"]))
 
 
 # ---------------------------------------------------------------- pictures
@@ -310,7 +384,7 @@ def run_criterion(cfg) -> dict:
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
-               criterion="run", quantization="as run"):
+               criterion="run", quantization="as run", local=False):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
     criterion "run": the criterion the run itself used to accept its circuit (see run_criterion).
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
@@ -324,7 +398,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     circuit_path = os.path.join(run_dir, "circuit.json")
     if not os.path.exists(circuit_path):
         raise FileNotFoundError(f"{run_dir}: no circuit.json to verify")
-    check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
+    if not local:
+        check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
     run = read_run(run_dir, "verify")
     cfg = run.config
     task = task or cfg.task
@@ -353,20 +428,21 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
-        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"])
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
                   task=task, split=split, seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
 
     out = out_dir or run_dir
     os.makedirs(out, exist_ok=True)
-    import numpy as np
-    buf = io.BytesIO()
-    np.save(buf, f.numpy().astype("float32"))
-    atomic_write(os.path.join(out, "verify_faithfulness.npy"), buf.getvalue())
-    plot_subsets(os.path.join(out, "verify_subsets.png"), f, minimal, report["n_edges"], threshold,
-                 title=f"{os.path.basename(os.path.normpath(run_dir))}: {task} {split}, "
-                       f"{report['n_rows']} rows, {intervention}")
+    if f is not None:  # exhaustive: every subset's f and the size picture
+        import numpy as np
+        buf = io.BytesIO()
+        np.save(buf, f.numpy().astype("float32"))
+        atomic_write(os.path.join(out, "verify_faithfulness.npy"), buf.getvalue())
+        plot_subsets(os.path.join(out, "verify_subsets.png"), f, minimal, report["n_edges"], threshold,
+                     title=f"{os.path.basename(os.path.normpath(run_dir))}: {task} {split}, "
+                           f"{report['n_rows']} rows, {intervention}")
     plot_pairs(os.path.join(out, "verify_pairs.png"), report)
     write_json(os.path.join(out, "verify.json"), report)
     if os.path.abspath(out) == os.path.abspath(run_dir):
@@ -407,6 +483,9 @@ def main(argv=None):
                          "precision, or 4/8-bit (an adapter healed over one base loads over any)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: condense.runtime's policy)")
+    ap.add_argument("--local", action="store_true",
+                    help="any size, no enumeration: the circuit, every one-edge and every two-edge "
+                         "removal (1-minimality, reducibility when a removal passes, pairs)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
     quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
@@ -416,10 +495,21 @@ def main(argv=None):
                             model=args.model, task=args.task, intervention=args.intervention,
                             method=args.method, device=args.device, dtype=args.dtype,
                             out_dir=args.out, threads=args.threads, criterion=args.criterion,
-                            quantization=quantization)
+                            quantization=quantization, local=args.local)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
+    if report["mode"] == "local":
+        verdict = (f"reducible: a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
+                   f"passes" if report["irreducible"] is False else
+                   "1-minimal (no edge or pair can go; irreducibility unchecked)")
+        print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
+              f"{report['accuracy_circuit']:.3f} (model {report['accuracy_full_model']:.3f}); passes "
+              f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "
+              f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
+              f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
+              f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
+        return 0
     print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
           f"{report['accuracy_circuit']:.3f} (model {report['accuracy_full_model']:.3f}); passes "
           f"the {report['criterion']} criterion: {report['circuit_faithful']}; "

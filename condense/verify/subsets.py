@@ -511,11 +511,14 @@ def _at_last(x, last):
 def _versions(masks, cone):
     """Subsets that agree on the edges `cone` share a version: (version of each row of
     `masks` [M, n] -> [M], one representative row per version [U])."""
-    bits = torch.arange(len(cone), device=masks.device)
-    code = (masks[:, torch.tensor(cone, device=masks.device)].long() << bits).sum(1)
-    _, version = torch.unique(code, return_inverse=True)
+    columns = masks[:, torch.tensor(cone, device=masks.device)]
+    if len(cone) <= 62:  # one int64 code per row (more bits would overflow and merge versions)
+        bits = torch.arange(len(cone), device=masks.device)
+        _, version = torch.unique((columns.long() << bits).sum(1), return_inverse=True)
+    else:
+        _, version = torch.unique(columns, dim=0, return_inverse=True)
     rep = torch.empty(int(version.max()) + 1, dtype=torch.long, device=masks.device)
-    return version, rep.scatter_(0, version, torch.arange(len(code), device=masks.device))
+    return version, rep.scatter_(0, version, torch.arange(len(masks), device=masks.device))
 
 
 def _project(weights, x):
