@@ -41,6 +41,8 @@ import time
 import torch
 
 from condense.metrics import ACCURACY_EPS
+from condense.verify.local import analyse_local, local_masks
+from condense.verify.pairs import _median, pair_interactions
 
 DEFAULT_MAX_EDGES = 20
 MAX_LISTED = 10000  # minimal faithful subsets written out by name (all are counted)
@@ -86,35 +88,6 @@ def proper_subset_faithful(faithful, n):
         p, b = proper.view(-1, 2, 2 ** i), below.view(-1, 2, 2 ** i)
         p[:, 1] |= b[:, 0]
     return proper
-
-
-def pair_interactions(ld, n, tau):
-    """Pairwise ablation from the mean logit difference `ld` [2^n] of every subset id."""
-    full = 2 ** n - 1
-    m_c, m_empty = float(ld[full]), float(ld[0])
-    scale = abs(m_c - m_empty)
-    delta = [float(ld[full ^ (1 << i)]) - m_c for i in range(n)]
-    pairs, partners = [], [0] * n
-    for i in range(n):
-        for j in range(i + 1, n):
-            d_ij = float(ld[full ^ (1 << i) ^ (1 << j)]) - m_c
-            interaction = d_ij - delta[i] - delta[j]
-            interacts = abs(interaction) > tau * scale
-            if interacts:
-                partners[i] += 1
-                partners[j] += 1
-            pairs.append(dict(i=i, j=j, delta_i=delta[i], delta_j=delta[j], delta_ij=d_ij,
-                              interaction=interaction, interacts=bool(interacts)))
-    return dict(m_circuit=m_c, m_empty=m_empty, scale=scale, delta=delta, pairs=pairs,
-                partners=partners)
-
-
-def _median(values):
-    if not values:
-        return None
-    s = sorted(values)
-    mid = len(s) // 2
-    return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accuracy_floor=None):
@@ -235,58 +208,6 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                             subsets_per_s=2 ** n / subsets_s,
                             subset_prompts_per_s=2 ** n * evaluator.n_rows / subsets_s)
     return report, f, minimal
-
-
-def local_masks(n):
-    """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair."""
-    full = torch.ones(n, dtype=torch.bool)
-    masks = [full]
-    for i in range(n):
-        m = full.clone()
-        m[i] = False
-        masks.append(m)
-    for i in range(n):
-        for j in range(i + 1, n):
-            m = full.clone()
-            m[[i, j]] = False
-            masks.append(m)
-    return torch.stack(masks)
-
-
-def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
-    """Report from the mean LD and accuracy of local_masks(n)'s subsets (in that order)."""
-    n = len(names)
-    denom = ld_full - ld_empty
-    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
-    ok = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
-    if accuracy_floor is not None:
-        ok &= accuracy >= accuracy_floor - 1e-12
-    # pair_interactions indexes by subset id: give it the ids of these subsets
-    full = 2 ** n - 1
-    ids = [full] + [full ^ (1 << i) for i in range(n)] + [
-        full ^ (1 << i) ^ (1 << j) for i in range(n) for j in range(i + 1, n)]
-    by_id = {k: float(v) for k, v in zip(ids, ld)}
-    by_id[0] = ld_empty
-    pairs = pair_interactions(by_id, n, tau)
-    for p in pairs["pairs"]:
-        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
-    removable = [names[i] for i in range(n) if bool(ok[1 + i])]
-    removable_pairs = [[names[p["i"]], names[p["j"]]] for k, p in enumerate(pairs["pairs"])
-                       if bool(ok[1 + n + k])]
-    reducible = bool(ok[1:].any())
-    return dict(
-        mode="local", n_edges=n, edges=names, threshold=threshold, tau=tau,
-        accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
-        logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
-        faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),
-        irreducible=False if reducible else None, one_minimal=not removable,
-        removable_edges=removable, removable_pairs=removable_pairs,
-        faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(n)},
-        accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(n)},
-        n_minimal_faithful_subsets=None, pairs=pairs["pairs"], pair_scale=pairs["scale"],
-        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
-        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
-        partners_median=_median(pairs["partners"]))
 
 
 # ---------------------------------------------------------------- pictures

@@ -1,0 +1,59 @@
+"""Local verification of a circuit of any size: the circuit, every circuit without one edge and
+every circuit without two (`condense verify --local`), judged like the exhaustive subsets."""
+import math
+
+import torch
+
+from condense.verify.pairs import _median, pair_interactions
+
+
+def local_masks(n):
+    """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair."""
+    full = torch.ones(n, dtype=torch.bool)
+    masks = [full]
+    for i in range(n):
+        m = full.clone()
+        m[i] = False
+        masks.append(m)
+    for i in range(n):
+        for j in range(i + 1, n):
+            m = full.clone()
+            m[[i, j]] = False
+            masks.append(m)
+    return torch.stack(masks)
+
+
+def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
+    """Report from the mean LD and accuracy of local_masks(n)'s subsets (in that order)."""
+    n = len(names)
+    denom = ld_full - ld_empty
+    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
+    ok = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
+    if accuracy_floor is not None:
+        ok &= accuracy >= accuracy_floor - 1e-12
+    # pair_interactions indexes by subset id: give it the ids of these subsets
+    full = 2 ** n - 1
+    ids = [full] + [full ^ (1 << i) for i in range(n)] + [
+        full ^ (1 << i) ^ (1 << j) for i in range(n) for j in range(i + 1, n)]
+    by_id = {k: float(v) for k, v in zip(ids, ld)}
+    by_id[0] = ld_empty
+    pairs = pair_interactions(by_id, n, tau)
+    for p in pairs["pairs"]:
+        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
+    removable = [names[i] for i in range(n) if bool(ok[1 + i])]
+    removable_pairs = [[names[p["i"]], names[p["j"]]] for k, p in enumerate(pairs["pairs"])
+                       if bool(ok[1 + n + k])]
+    reducible = bool(ok[1:].any())
+    return dict(
+        mode="local", n_edges=n, edges=names, threshold=threshold, tau=tau,
+        accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
+        logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
+        faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),
+        irreducible=False if reducible else None, one_minimal=not removable,
+        removable_edges=removable, removable_pairs=removable_pairs,
+        faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(n)},
+        accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(n)},
+        n_minimal_faithful_subsets=None, pairs=pairs["pairs"], pair_scale=pairs["scale"],
+        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
+        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
+        partners_median=_median(pairs["partners"]))
