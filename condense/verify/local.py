@@ -1,10 +1,8 @@
 """Local verification of a circuit of any size: the circuit, every circuit without one edge and
 every circuit without two (`condense verify --local`), judged like the exhaustive subsets."""
-import math
-
 import torch
 
-from condense.verify.pairs import _median, pair_interactions
+from condense.verify.pairs import _median, judge, pair_interactions
 
 
 def local_masks(n):
@@ -26,11 +24,7 @@ def local_masks(n):
 def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
     """Report from the mean LD and accuracy of local_masks(n)'s subsets (in that order)."""
     n = len(names)
-    denom = ld_full - ld_empty
-    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
-    ok = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
-    if accuracy_floor is not None:
-        ok &= accuracy >= accuracy_floor - 1e-12
+    f, ok = judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor)
     # pair_interactions indexes by subset id: give it the ids of these subsets
     full = 2 ** n - 1
     ids = [full] + [full ^ (1 << i) for i in range(n)] + [

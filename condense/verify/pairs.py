@@ -1,4 +1,20 @@
-"""Pairwise ablation of a circuit's edges, from the mean logit differences of its subsets."""
+"""What the exhaustive and the local analyses share: the rule a subset passes by, and the
+pairwise ablation of a circuit's edges from the mean logit differences of its subsets."""
+import math
+
+import torch
+
+
+def judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor):
+    """(f, passes) per subset: f = (LD - LD(∅)) / (LD(full) - LD(∅)); a subset passes when
+    f >= `threshold` (None: not required) and its accuracy >= `accuracy_floor` (None: not
+    required)."""
+    denom = ld_full - ld_empty
+    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
+    passes = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
+    if accuracy_floor is not None:
+        passes &= accuracy >= accuracy_floor - 1e-12
+    return f, passes
 
 
 def pair_interactions(ld, n, tau):

@@ -42,7 +42,7 @@ import torch
 
 from condense.metrics import ACCURACY_EPS
 from condense.verify.local import analyse_local, local_masks
-from condense.verify.pairs import _median, pair_interactions
+from condense.verify.pairs import _median, judge, pair_interactions
 
 DEFAULT_MAX_EDGES = 20
 MAX_LISTED = 10000  # minimal faithful subsets written out by name (all are counted)
@@ -96,11 +96,7 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accurac
     passes ("faithful" in the report) when f >= `threshold` (None: not required) and, given
     `accuracy` [2^n] and `accuracy_floor`, its accuracy >= that floor."""
     n = len(names)
-    denom = ld_full - ld_empty
-    f = (ld - ld_empty) / denom if abs(denom) > 1e-12 else torch.full_like(ld, math.nan)
-    faithful = f >= threshold if threshold is not None else torch.ones_like(ld, dtype=torch.bool)
-    if accuracy_floor is not None:
-        faithful &= accuracy >= accuracy_floor - 1e-12
+    f, faithful = judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor)
     proper = proper_subset_faithful(faithful, n)
     minimal = faithful & ~proper
     sizes = subset_sizes(n)
