@@ -90,6 +90,18 @@ def summary(out, jobs):
     return rows
 
 
+def row_counts(text):
+    """--row-check's value: comma-separated row counts of at least 2 ('' for none)."""
+    try:
+        counts = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated row counts such as 128,256, "
+                                         f"got {text!r}") from None
+    if any(n < 2 for n in counts):
+        raise argparse.ArgumentTypeError(f"row counts must be at least 2, got {text!r}")
+    return counts
+
+
 def row_check(rows):
     """EAP-IG IOI's smallest faithful size at each row count whose half was run too: one
     record per doubling (rows, edges, the doubled run's, the relative change)."""
@@ -137,7 +149,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
-    ap.add_argument("--row-check", default="128",
+    ap.add_argument("--row-check", default="128", type=row_counts,
                     help="comma-separated row counts (train = val) for EAP-IG IOI reruns, each "
                          "compared with the run of half as many rows ('' skips the check)")
     ap.add_argument("--no-double", action="store_true", help="the same as --row-check ''")
@@ -147,7 +159,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     only = [m for m in args.only.split(",") if m]
     jobs = recipes(only)
-    counts = [] if args.no_double else [int(n) for n in args.row_check.split(",") if n]
+    counts = [] if args.no_double else args.row_check
     if not only or "eap_ig" in only:
         for n in counts:
             jobs.insert(1, ("eap_ig", "ioi", os.path.join(ROOT, "recipes", "eap_ig", "smollm2_ioi.yaml"),

@@ -136,6 +136,10 @@ class _Loop:
         log(f"original model: val accuracy {self.gate.accuracy_original:.3f}, general-text ppl "
             f"{self.gate.ppl_original:.2f}")
         self.model = add_adapter(model, cfg)
+        # the final heal's rows, drawn now so that a split too small fails before any round
+        self.final_rows = (tasks.load_task(cfg.task, ctx.tokenizer, "train", n=cfg.final_heal_rows,
+                                           seed=cfg.seed)
+                           if cfg.final_heal_steps and cfg.final_heal_rows else None)
 
     def start(self):
         """(state, circuit): the committed state of an earlier run of the same recipe, or round 0."""
@@ -186,10 +190,8 @@ class _Loop:
                 note = "accepted before healing"
         except (HealDiverged, _Skip) as e:  # _Skip: decided without heal or gate (resume-safe)
             note = f"heal diverged: {e}" if isinstance(e, HealDiverged) else f"skipped: {e}"
-            ok, g = False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
-        if world()[1] > 1:  # the same decision everywhere, even if floats ever differed
-            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
-            ok = bool(votes.item() == world()[1])
+            ok, g = False, _NOT_GATED
+        ok = self._agreed(ok)
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
                       accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
                       faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
@@ -219,6 +221,13 @@ class _Loop:
             _write_rounds(self.out, state["rounds"])
         return state, circuit
 
+    def _agreed(self, ok):
+        """The same accept/reject decision in every process, even if floats ever differed."""
+        if world()[1] > 1:
+            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
+            ok = votes.item() == world()[1]
+        return bool(ok)
+
     def final_heal(self, state, circuit):
         """`final_heal_steps` more heal steps on the final circuit (no early stop), on the first
         `final_heal_rows` train rows (null: the run's), kept only if the gate still accepts;
@@ -228,9 +237,8 @@ class _Loop:
         t0 = time.perf_counter()
         before = adapter_state(model)
         rows, target = self.rows["train"], self.target_logp
-        if cfg.final_heal_rows and cfg.final_heal_rows != len(rows):
-            rows = tasks.load_task(cfg.task, self.ctx.tokenizer, "train", n=cfg.final_heal_rows,
-                                   seed=cfg.seed)
+        if self.final_rows is not None and len(self.final_rows) != len(rows):
+            rows = self.final_rows
             with model.disable_adapter():  # the original model's outputs on the new rows
                 target = last_logprobs(model, rows, cfg.batch_size)
         steps_cfg = dataclasses.replace(cfg, heal_steps=cfg.final_heal_steps, heal_stop_loss=0.0)
@@ -240,12 +248,9 @@ class _Loop:
                           general_blocks=self.train_blocks, desc="final heal")
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
-            losses, ok, g = [], False, dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan,
-                                            faithfulness=math.nan)
+            losses, ok, g = [], False, _NOT_GATED
             log(f"final heal diverged: {e}")
-        if world()[1] > 1:
-            votes = all_reduce_(torch.tensor([float(bool(ok))], device=self.ctx.device))
-            ok = bool(votes.item() == world()[1])
+        ok = self._agreed(ok)
         if not ok:
             load_adapter_state(model, before)
         record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
@@ -339,6 +344,10 @@ def run_condense(ctx: RunContext) -> dict:
     if wanted and not state.get("final_heal"):
         state = loop.final_heal(state, circuit)
     return loop.finish()
+
+
+# the gate's record of a candidate it never saw (heal diverged, or skipped)
+_NOT_GATED = dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
 
 
 class _Skip(Exception):
