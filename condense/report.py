@@ -380,7 +380,8 @@ def verify_summary(verify: dict) -> str:
         return ('<p>Not verified yet: <code>condense verify RUN_DIR</code> (circuits up to 20 '
                 'edges) adds subsets, pairs and their pictures here.</p>')
     local = verify.get("mode") == "local"  # one- and two-edge removals only
-    items = [("criterion", verify.get("criterion")), ("circuit passes it", verify.get("circuit_faithful")),
+    items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
+             ("circuit passes it", verify.get("circuit_faithful")),
              ("irreducible", "not checked (local)" if local and verify.get("irreducible") is None
               else verify.get("irreducible")),
              ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",

@@ -260,11 +260,11 @@ def test_minimality_needs_every_proper_subset():
 
 # ------------------------------------------------------------------ refusals and the CLI
 
-def write_run(path, model_path, graph, task="ioi", adapter_model=None):
+def write_run(path, model_path, graph, task="ioi", adapter_model=None, method="eap"):
     os.makedirs(path, exist_ok=True)
     graph.to_json(os.path.join(path, "circuit.json"))
     with open(os.path.join(path, "recipe.yaml"), "w") as f:
-        yaml.safe_dump(dict(method="eap", model=str(model_path), task=task, intervention="patching",
+        yaml.safe_dump(dict(method=method, model=str(model_path), task=task, intervention="patching",
                             faithfulness_threshold=0.9, seed=0, batch_size=4), f)
     if adapter_model is not None:
         adapter_model.save_pretrained(path)
@@ -321,6 +321,46 @@ def test_cli_end_to_end(tmp_path, organism_tokenizer, with_adapter):
     assert abs(report["logit_diff_circuit"] - want["logit_diff"]) < TOL
     assert abs(report["faithfulness_circuit"] - want["faithfulness"]) < 1e-3
     assert abs(report["logit_diff_full_model"] - want["logit_diff_full"]) < TOL
+
+
+def test_a_condensation_run_is_judged_against_the_original_model(tmp_path, organism_tokenizer):
+    """As its gate judged it: accuracy within gate_accuracy_tol of the original model's (adapter
+    off), faithfulness against the original's logit difference and the adapted empty circuit."""
+    from peft import LoraConfig, get_peft_model
+
+    from condense import tasks
+    from condense.evaluate import EvalReference
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=len(organism_tokenizer), n_positions=128)
+    torch.manual_seed(0)
+    base = randomize_weights(GPT2LMHeadModel(cfg))
+    model_dir = tmp_path / "model"
+    base.save_pretrained(model_dir)
+    organism_tokenizer.save_pretrained(model_dir)
+    net = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, init_lora_weights=False,
+                                          fan_in_fan_out=True, target_modules=["c_proj"])).eval()
+    for name, p in net.named_parameters():  # an adapter that moves the logits well off the base's
+        if "lora_B" in name:
+            p.data.mul_(20)
+    names = ["input->a0.h0<v>", "a0.h0->a1.h1<k>", "a1.h1->logits", "input->logits"]
+    g = circuit(net, names)
+    run = tmp_path / "run"
+    write_run(run, model_dir, g, adapter_model=net, method="condense")
+    report = verify_run(str(run), n=8, progress=False)
+
+    rows = tasks.load_task("ioi", organism_tokenizer, "test", n=8, seed=0)
+    own = reference_outputs(net, g, rows, "patching", 4)
+    with net.disable_adapter():
+        original = reference_outputs(net, g, rows, "patching", 4).full_logits
+    want = evaluate(net, g, rows, batch_size=4,
+                    reference=EvalReference(original, own.empty_logit_diff, "patching"))
+    adapted = evaluate(net, g, rows, batch_size=4, reference=own)
+    assert report["criterion"] == "accuracy" and report["reference"].startswith("original model")
+    assert abs(report["logit_diff_full_model"] - want["logit_diff_full"]) < TOL
+    assert abs(want["logit_diff_full"] - adapted["logit_diff_full"]) > 0.1  # the test can tell
+    assert abs(report["faithfulness_circuit"] - want["faithfulness"]) < 1e-3
+    assert report["accuracy_reference"] == pytest.approx(want["accuracy_full"])
+    assert report["accuracy_full_model"] == pytest.approx(adapted["accuracy_full"])
+    assert report["accuracy_floor"] == pytest.approx(want["accuracy_full"] - 0.05, abs=1e-6)
 
 
 def test_accuracy_criterion_and_the_runs_own_rule():

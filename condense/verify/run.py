@@ -10,10 +10,11 @@ one, and on `--n` rows of `--split`:
   --max-edges, checked before anything loads) is judged by the rule the run accepted its
   circuit with (`--criterion run`): for one-shot scoring, faithfulness
   f(S) = (LD(S) - LD(∅)) / (LD(full) - LD(∅)) >= threshold on the mean logit difference; for
-  condensation, its gate: accuracy within gate_accuracy_tol of the full model's (and
-  f >= gate_faithfulness when the run gated on it), so that the circuit the gate accepted is
-  judged by the same rule and "irreducible" is a finding, not a consequence of a stricter
-  rule. `--criterion faithfulness|accuracy|both` chooses another. "Faithful" in verify.json
+  condensation, its gate: accuracy within gate_accuracy_tol of the original model's (the
+  base with the adapter off; f >= gate_faithfulness too when the run gated on it, f taken
+  against the original's logit difference as the gate takes it), so that the circuit the gate
+  accepted is judged by the same rule and "irreducible" is a finding, not a consequence of a
+  stricter rule. `--criterion faithfulness|accuracy|both` chooses another. "Faithful" in verify.json
   means "passes the criterion" (`criterion`, `threshold`, `accuracy_floor` say which).
   Reported: the minimal faithful subsets (faithful, no proper subset faithful), whether the
   circuit is irreducible (no proper subset faithful), faithful subsets per size;
@@ -37,6 +38,7 @@ import math
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -141,14 +143,23 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accurac
 CRITERIA = ("run", "faithfulness", "accuracy", "both")
 
 
+def _accuracy(logits, answer, distractor) -> float:
+    """The fraction of rows whose answer logit beats the distractor's."""
+    return float(((logits.gather(1, answer[:, None]) - logits.gather(1, distractor[:, None])) > 0)
+                 .double().mean())
+
+
 def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str = "patching",
                    means=None, threshold: float = 0.9, tau: float = 0.05, batch_size: int = 32,
                    method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES, progress=None,
                    criterion: str = "faithfulness", accuracy_tol: float = 0.05,
-                   local: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   local: bool = False, reference_logits: Optional[torch.Tensor] = None,
+                   reference_name: str = "full model") -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
-    within `accuracy_tol` of the full model's, condensation's gate) or "both".
+    within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
+    `model`'s full graph, or `reference_logits` [rows, vocab] when given (named `reference_name`:
+    for a condensation run the original model's, adapter off, as its gate judges).
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
     `local`: the one- and two-edge removals only (see analyse_local), any size, and
     (report, None, None)."""
@@ -165,11 +176,11 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
     cols_answer = torch.tensor([int(a) for a in dataset["answer_id"]])
     cols_distractor = torch.tensor([int(d) for d in dataset["distractor_id"]])
-    full = reference.full_logits
+    accuracy_model = _accuracy(reference.full_logits, cols_answer, cols_distractor)
+    full = reference.full_logits if reference_logits is None else reference_logits.float().cpu()
     ld_full = float((full.gather(1, cols_answer[:, None]) - full.gather(1, cols_distractor[:, None])).mean())
     ld_empty = float(reference.empty_logit_diff.mean())
-    accuracy_full = float(((full.gather(1, cols_answer[:, None])
-                            - full.gather(1, cols_distractor[:, None])) > 0).double().mean())
+    accuracy_full = _accuracy(full, cols_answer, cols_distractor)
     reference_s = time.perf_counter() - start
 
     n = evaluator.n_edges
@@ -182,7 +193,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         subsets_s = time.perf_counter() - start
         report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau, floor)
         report.update(
-            criterion=criterion, accuracy_full_model=accuracy_full, intervention=intervention,
+            criterion=criterion, reference=reference_name, accuracy_reference=accuracy_full,
+            accuracy_full_model=accuracy_model, intervention=intervention,
             method=evaluator.method, n_rows=evaluator.n_rows,
             n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
             timing=dict(reference_s=reference_s, subsets_s=subsets_s,
@@ -195,7 +207,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, rule, tau, accuracy,
                                  floor)
     report.update(
-        mode="exhaustive", criterion=criterion, accuracy_full_model=accuracy_full,
+        mode="exhaustive", criterion=criterion, reference=reference_name,
+        accuracy_reference=accuracy_full, accuracy_full_model=accuracy_model,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
         n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
         bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
@@ -339,13 +352,22 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     if intervention == "mean":  # as the runs do: sender means over the task's train prompts
         train = tasks.load_task(task, tokenizer, "train", n=cfg.n_train, seed=seed)
         means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
+    reference_logits, reference = None, "full model"
+    if cfg.method == "condense" and adapter:
+        # the gate judged the circuit against the original model (adapter off): so does verify
+        from condense.evaluate import reference_outputs
+        with net.disable_adapter():
+            reference_logits = reference_outputs(net, graph, rows, intervention, batch_size,
+                                                 means).full_logits
+        reference = "original model (adapter off)"
     load_s = time.perf_counter() - begin
 
     show = Progress(f"verify {graph.n_edges} edges") if progress else None
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
-        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local)
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local,
+        reference_logits=reference_logits, reference_name=reference)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
                   task=task, split=split, seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
@@ -421,14 +443,14 @@ def main(argv=None):
                    f"passes" if report["irreducible"] is False else
                    "1-minimal (no edge or pair can go; irreducibility unchecked)")
         print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
-              f"{report['accuracy_circuit']:.3f} (model {report['accuracy_full_model']:.3f}); passes "
+              f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
               f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "
               f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
               f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
               f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
         return 0
     print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
-          f"{report['accuracy_circuit']:.3f} (model {report['accuracy_full_model']:.3f}); passes "
+          f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
           f"the {report['criterion']} criterion: {report['circuit_faithful']}; "
           f"{'irreducible' if report['irreducible'] else 'reducible'}; "
           f"{report['n_minimal_faithful_subsets']} minimal faithful subsets; "
