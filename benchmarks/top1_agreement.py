@@ -1,0 +1,120 @@
+"""Where a condensed circuit's next token disagrees with the original model's, by how sure the
+original was.
+
+    HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py RUN [RUN ...] [--n 200] [--split test]
+        [--threads 1] [--json PATH]
+
+For each run folder (a condensation run: circuit.json, adapter): on the run's task rows, the
+original model's last-position distribution (the base with the adapter off, every edge on) and
+the circuit's (adapter on, pruned edges ablated as the run ablated them). Reports top-1
+agreement overall and split by the original's top-1 probability (>= 0.3, >= 0.5 and below),
+what the disagreeing top-1 tokens are (the answer, the distractor, another token) for each
+side, and on the disagreeing rows the original's top-1 probability and the circuit's
+probability of that token. The same top-1 agreement as metrics.json's on the same rows.
+"""
+import argparse
+import collections
+import json
+import os
+
+import torch
+
+
+def _categories(top, answer, distractor):
+    return ["answer" if t == a else "distractor" if t == d else "other"
+            for t, a, d in zip(top.tolist(), answer.tolist(), distractor.tolist())]
+
+
+def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
+              batch_size: int = 16) -> dict:
+    from condense import tasks
+    from condense.evaluate import dataset_columns, reference_outputs
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+    from condense.runs import read_run
+
+    run = read_run(run_dir, "analyse")
+    cfg = run.config
+    net, tokenizer, device = run.load_model(threads=threads)
+    if not run.adapter:
+        raise SystemExit(f"{run_dir}: no adapter; this compares a healed circuit with its original")
+    rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
+    graph = run.circuit(net)
+    with net.disable_adapter():
+        original = reference_outputs(net, graph, rows, cfg.intervention, batch_size).full_logits
+    cols, n = dataset_columns(rows)
+    circuit = torch.zeros_like(original)
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            idx = list(range(start, min(n, start + batch_size)))
+            clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+            corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+            circuit[idx] = run_graph(net, graph, clean.to(device), corrupted.to(device),
+                                     mask.to(device), intervention=cfg.intervention,
+                                     logit_positions=(lengths - 1).to(device)).float().cpu()
+    answer = torch.tensor([int(a) for a in cols["answer_id"]])
+    distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
+    p_orig, p_circ = original.softmax(-1), circuit.softmax(-1)
+    top_orig, top_circ = original.argmax(-1), circuit.argmax(-1)
+    agree = top_orig == top_circ
+    sure = p_orig.max(-1).values
+    cat_orig = _categories(top_orig, answer, distractor)
+    cat_circ = _categories(top_circ, answer, distractor)
+    off = (~agree).nonzero().flatten().tolist()
+    by_confidence = {}
+    for th in (0.3, 0.5):
+        hi = sure >= th
+        by_confidence[f">={th}"] = dict(rows=int(hi.sum()), agreement=float(agree[hi].float().mean()))
+        by_confidence[f"<{th}"] = dict(rows=int((~hi).sum()),
+                                       agreement=float(agree[~hi].float().mean()))
+    return dict(
+        run_dir=run_dir, task=cfg.task, split=split, n_rows=n, edges=graph.count_edges(),
+        top1_agreement=float(agree.float().mean()), by_original_confidence=by_confidence,
+        original_top1=dict(collections.Counter(cat_orig)),
+        circuit_top1=dict(collections.Counter(cat_circ)),
+        disagreements={f"{a} -> {b}": c for (a, b), c in collections.Counter(
+            (cat_orig[i], cat_circ[i]) for i in off).items()},
+        original_top1_prob_median=float(sure.median()),
+        disagreeing=dict(
+            rows=len(off),
+            original_top1_prob_median=float(sure[off].median()) if off else None,
+            circuit_prob_of_original_top1_median=(
+                float(p_circ[off, top_orig[off]].median()) if off else None),
+            circuit_top1_prob_median=float(p_circ.max(-1).values[off].median()) if off else None,
+            examples=[dict(original=tokenizer.decode(int(top_orig[i])),
+                           circuit=tokenizer.decode(int(top_circ[i])),
+                           original_prob=float(sure[i]),
+                           original_prob_of_circuit_top1=float(p_orig[i, top_circ[i]]))
+                      for i in off[:10]]))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    results = []
+    for run_dir in args.runs:
+        r = breakdown(run_dir, args.n, args.split, args.threads)
+        results.append(r)
+        conf = r["by_original_confidence"]
+        d = r["disagreeing"]
+        print(f"{os.path.basename(os.path.normpath(run_dir))}: {r['edges']} edges, top-1 agreement "
+              f"{r['top1_agreement']:.3f}; original sure (p >= 0.5) on {conf['>=0.5']['rows']} rows: "
+              f"{conf['>=0.5']['agreement']:.3f}, unsure on {conf['<0.5']['rows']}: "
+              f"{conf['<0.5']['agreement']:.3f}; {d['rows']} disagreements {r['disagreements']}, "
+              f"original's top-1 prob there (median) {d['original_top1_prob_median']}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(dict(command="HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py "
+                           + " ".join(args.runs) + f" --n {args.n} --split {args.split}"
+                           f" --threads {args.threads} --json {args.json}",
+                           results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
