@@ -11,6 +11,9 @@ agreement overall and split by the original's top-1 probability (>= 0.3, >= 0.5 
 what the disagreeing top-1 tokens are (the answer, the distractor, another token) for each
 side, and on the disagreeing rows the original's top-1 probability and the circuit's
 probability of that token. The same top-1 agreement as metrics.json's on the same rows.
+`--quantized 4bit|8bit`: also the top-1 agreement of the original model quantized that way with
+the full-precision original, on each run's rows: how far the next token moves under a change
+of the weights that nobody would call a different model.
 """
 import argparse
 import collections
@@ -88,12 +91,54 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
                       for i in off[:10]]))
 
 
+def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: str = "test",
+                        threads: int = 1, batch_size: int = 16) -> dict:
+    """Top-1 agreement (and KL) of the `quantization`-quantized original with the
+    full-precision original on the rows of `run_dir`'s task (no circuit, no adapter)."""
+    from condense import tasks
+    from condense.evaluate import dataset_columns
+    from condense.metrics import pad_batch
+    from condense.models import load_model, load_tokenizer
+    from condense.runtime import apply_thread_policy
+    from condense.runs import read_run
+
+    cfg = read_run(run_dir, "analyse").config
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
+    cols, n = dataset_columns(rows)
+    logits = {}
+    for q in (None, quantization):
+        net = load_model(cfg.model, device="cpu", quantization=q)
+        apply_thread_policy(threads, net)
+        out = []
+        with torch.no_grad():
+            for start in range(0, n, batch_size):
+                idx = list(range(start, min(n, start + batch_size)))
+                ids, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+                out.append(net(input_ids=ids, attention_mask=mask).logits[
+                    torch.arange(len(idx)), lengths - 1].float())
+        logits[q] = torch.cat(out)
+        del net
+    full, quant = logits[None], logits[quantization]
+    kl = torch.nn.functional.kl_div(quant.log_softmax(-1), full.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1)
+    answer = torch.tensor([int(a) for a in cols["answer_id"]])
+    distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
+    acc = lambda lg: float(((lg.gather(1, answer[:, None]) - lg.gather(1, distractor[:, None])) > 0)
+                           .float().mean())
+    return dict(task=cfg.task, model=cfg.model, quantization=quantization, n_rows=n,
+                top1_agreement=float((full.argmax(-1) == quant.argmax(-1)).float().mean()),
+                kl=float(kl.mean()), accuracy_full_precision=acc(full), accuracy_quantized=acc(quant))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--split", default="test")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quantized", choices=["4bit", "8bit"], default=None,
+                    help="also: the quantized original against the full-precision one per task")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     results = []
@@ -107,13 +152,29 @@ def main(argv=None):
               f"{conf['>=0.5']['agreement']:.3f}, unsure on {conf['<0.5']['rows']}: "
               f"{conf['<0.5']['agreement']:.3f}; {d['rows']} disagreements {r['disagreements']}, "
               f"original's top-1 prob there (median) {d['original_top1_prob_median']}")
+    quantized = []
+    if args.quantized:
+        from condense.runs import read_run
+        seen = set()
+        for run_dir in args.runs:
+            cfg = read_run(run_dir, "analyse").config
+            if (cfg.model, cfg.task) in seen:
+                continue
+            seen.add((cfg.model, cfg.task))
+            r = quantized_agreement(run_dir, args.quantized, args.n, args.split, args.threads)
+            quantized.append(r)
+            print(f"{r['task']}: the {args.quantized} original against the full-precision one: top-1 "
+                  f"agreement {r['top1_agreement']:.3f}, KL {r['kl']:.4f}, accuracy "
+                  f"{r['accuracy_quantized']:.3f} vs {r['accuracy_full_precision']:.3f}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(dict(command="HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py "
                            + " ".join(args.runs) + f" --n {args.n} --split {args.split}"
-                           f" --threads {args.threads} --json {args.json}",
-                           results=results), f, indent=1)
+                           f" --threads {args.threads}"
+                           + (f" --quantized {args.quantized}" if args.quantized else "")
+                           + f" --json {args.json}",
+                           results=results, quantized=quantized), f, indent=1)
 
 
 if __name__ == "__main__":
