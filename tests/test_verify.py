@@ -285,14 +285,20 @@ def test_oversize_circuit_refused_before_loading(tmp_path, capsys):
         verify_circuit(model, g, random_rows(), max_edges=5)
 
 
-@pytest.mark.parametrize("with_adapter", [False, True])
-def test_cli_end_to_end(tmp_path, organism_tokenizer, with_adapter):
-    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=len(organism_tokenizer), n_positions=128)
+def saved_tiny_gpt2(tmp_path, tokenizer):
+    """A random 2-layer GPT-2 on `tokenizer`, saved with it in tmp_path/model: (model, folder)."""
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=len(tokenizer), n_positions=128)
     torch.manual_seed(0)
     base = randomize_weights(GPT2LMHeadModel(cfg))
     model_dir = tmp_path / "model"
     base.save_pretrained(model_dir)
-    organism_tokenizer.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return base, model_dir
+
+
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_cli_end_to_end(tmp_path, organism_tokenizer, with_adapter):
+    base, model_dir = saved_tiny_gpt2(tmp_path, organism_tokenizer)
     names = ["input->a0.h0<v>", "a0.h0->a1.h1<k>", "a1.h1->logits", "input->logits", "a0.h1->m1",
              "m1->logits"]
     net = base
@@ -330,12 +336,7 @@ def test_a_condensation_run_is_judged_against_the_original_model(tmp_path, organ
 
     from condense import tasks
     from condense.evaluate import EvalReference
-    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=len(organism_tokenizer), n_positions=128)
-    torch.manual_seed(0)
-    base = randomize_weights(GPT2LMHeadModel(cfg))
-    model_dir = tmp_path / "model"
-    base.save_pretrained(model_dir)
-    organism_tokenizer.save_pretrained(model_dir)
+    base, model_dir = saved_tiny_gpt2(tmp_path, organism_tokenizer)
     net = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, init_lora_weights=False,
                                           fan_in_fan_out=True, target_modules=["c_proj"])).eval()
     for name, p in net.named_parameters():  # an adapter that moves the logits well off the base's
