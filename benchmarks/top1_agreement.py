@@ -97,7 +97,7 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
     full-precision original on the rows of `run_dir`'s task (no circuit, no adapter)."""
     from condense import tasks
     from condense.evaluate import dataset_columns
-    from condense.metrics import pad_batch
+    from condense.methods.condensation.healing import last_logprobs
     from condense.models import load_model, load_tokenizer
     from condense.runtime import apply_thread_policy
     from condense.runs import read_run
@@ -106,21 +106,15 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
     cols, n = dataset_columns(rows)
-    logits = {}
+    logp = {}
     for q in (None, quantization):
         net = load_model(cfg.model, device="cpu", quantization=q)
         apply_thread_policy(threads, net)
-        out = []
         with torch.no_grad():
-            for start in range(0, n, batch_size):
-                idx = list(range(start, min(n, start + batch_size)))
-                ids, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
-                out.append(net(input_ids=ids, attention_mask=mask).logits[
-                    torch.arange(len(idx)), lengths - 1].float())
-        logits[q] = torch.cat(out)
+            logp[q] = last_logprobs(net, rows, batch_size)
         del net
-    full, quant = logits[None], logits[quantization]
-    kl = torch.nn.functional.kl_div(quant.log_softmax(-1), full.log_softmax(-1), log_target=True,
+    full, quant = logp[None], logp[quantization]
+    kl = torch.nn.functional.kl_div(quant, full, log_target=True,
                                     reduction="none").sum(-1)
     answer = torch.tensor([int(a) for a in cols["answer_id"]])
     distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
