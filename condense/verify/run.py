@@ -442,20 +442,14 @@ def main(argv=None):
         verdict = (f"reducible: a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
                    f"passes" if report["irreducible"] is False else
                    "1-minimal (no edge or pair can go; irreducibility unchecked)")
-        print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
-              f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
-              f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "
-              f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
-              f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
-              f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
-        return 0
+    else:
+        verdict = (f"{'irreducible' if report['irreducible'] else 'reducible'}; "
+                   f"{report['n_minimal_faithful_subsets']} minimal faithful subsets")
     print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
           f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
-          f"the {report['criterion']} criterion: {report['circuit_faithful']}; "
-          f"{'irreducible' if report['irreducible'] else 'reducible'}; "
-          f"{report['n_minimal_faithful_subsets']} minimal faithful subsets; "
-          f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median partners "
-          f"{report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
+          f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "
+          f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
+          f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
           f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
     return 0
 
