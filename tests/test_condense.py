@@ -113,7 +113,10 @@ def test_adapter_reloads_and_reproduces_accuracy(full_run, tiny_model):
     assert circuit.count_edges(on_path=True) == metrics["edges"]
 
 
-def test_base_weights_unchanged(tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("heal_dtype", [None, "bfloat16"])
+def test_base_weights_unchanged(tiny_model, tmp_path, monkeypatch, heal_dtype):
+    """Neither healing nor healing in bfloat16 (the base cast for the heal, then restored)
+    changes a base weight by a bit."""
     from transformers import AutoModelForCausalLM
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items()}
     seen = {}
@@ -123,7 +126,8 @@ def test_base_weights_unchanged(tiny_model, tmp_path, monkeypatch):
         seen["model"] = model
         return real(model, cfg)
     monkeypatch.setattr(loop, "add_adapter", spy)
-    _run(_recipe(tmp_path, tiny_model, max_rounds=1), f"output_dir={tmp_path / 'out'}")
+    _run(_recipe(tmp_path, tiny_model, max_rounds=1, heal_dtype=heal_dtype),
+         f"output_dir={tmp_path / 'out'}")
     after = seen["model"].state_dict()
     for k, v in before.items():
         key = k if k in after else next(a for a in after if a.endswith(k.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")))
@@ -293,6 +297,52 @@ def test_bf16_model_with_fp32_adapter(tiny_model, tmp_path):
     assert metrics["edges"] > 0
     for key in ("accuracy", "kl", "ppl_ratio", "logit_diff"):
         assert metrics[key] == metrics[key], key  # not NaN
+
+
+def test_heal_dtype_computes_the_heal_in_bf16_and_keeps_the_adapter_fp32(tiny_model, tmp_path):
+    """heal_dtype=bfloat16: inside the heal the base computes in bf16 (the loss sees a bf16
+    embedding), its first loss is the float32 heal's up to bf16 rounding, the LoRA weights
+    stay float32 and train, and afterwards every base weight is float32 again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from condense import tasks
+    from condense.graph import Graph
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = tasks.load_task("ioi", tok, "train", n=8, seed=0)
+    target = healing.last_logprobs(model, rows, 8)
+    circuit = Graph.from_model(model)
+    circuit.in_graph[:] = torch.rand(circuit.in_graph.shape, generator=torch.Generator().manual_seed(1)) < 0.5
+    first, dtypes = {}, {}
+    for heal_dtype in (None, "bfloat16"):
+        cfg = load_config_for(tmp_path, f"heal_dtype={heal_dtype or 'null'}", "heal_steps=4",
+                              "heal_general_weight=0")
+        peft_model = healing.add_adapter(model, cfg)
+        lora = {k: v.clone() for k, v in healing.adapter_state(peft_model).items()}
+        real_loss = healing.heal_loss
+        seen = []
+
+        def spy(m, *args):
+            seen.append(m.get_input_embeddings().weight.dtype)
+            return real_loss(m, *args)
+        healing.heal_loss = spy
+        try:
+            losses = healing.heal(peft_model, circuit, rows, target, cfg, 1, progress=False)
+        finally:
+            healing.heal_loss = real_loss
+        first[heal_dtype], dtypes[heal_dtype] = losses[0], set(seen)
+        after = healing.adapter_state(peft_model)
+        assert all(v.dtype == torch.float32 for v in after.values())
+        assert any(not torch.equal(after[k], lora[k]) for k in lora)  # the adapter trained
+        assert {p.dtype for p in peft_model.parameters()} == {torch.float32}
+        model = peft_model.unload()  # the bare base again, for the next setting
+    assert dtypes == {None: {torch.float32}, "bfloat16": {torch.bfloat16}}
+    assert first["bfloat16"] == pytest.approx(first[None], rel=0.05)
+    assert first["bfloat16"] != first[None]  # it did compute in bf16
+
+
+def test_heal_dtype_is_checked(tmp_path):
+    with pytest.raises(RecipeError, match="heal_dtype.*float32"):
+        load_config_for(tmp_path, "heal_dtype=float8")
 
 
 def test_init_circuit_and_rejected_candidates_are_not_reheal(tiny_model, tmp_path):

@@ -38,6 +38,11 @@ class CondenseConfig(RunConfig):
     heal_ablated_grad: bool = field(default=True, metadata={
         "help": "backpropagate the heal loss through the corrupted run too (the "
                 "adapter also changes what pruned edges carry); false: that run is detached"})
+    heal_dtype: Optional[str] = field(default=None, metadata={
+        "help": "dtype a heal computes in: bfloat16 casts the base model's weights for the heal "
+                "and restores them exactly after (the adapter and its optimizer stay float32; "
+                "the gate and ranking never see it); about twice as fast per heal step on CPUs "
+                "with bf16 instructions and on GPUs. null: the model's own dtype (the design)"})
     final_heal_steps: int = field(default=0, metadata={
         "help": "after the last round, heal the final circuit this many steps more (no early "
                 "stop) and keep that adapter only if the gate still accepts it; with "
@@ -104,6 +109,13 @@ class CondenseConfig(RunConfig):
             bad("final_heal_rows", "must be at least 1 or null")
         if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
             bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
+        if self.heal_dtype is not None:
+            from condense.models import DTYPES
+            if self.heal_dtype not in DTYPES:
+                bad("heal_dtype", f"must be one of {', '.join(DTYPES)} or null")
+            if self.quantization:
+                bad("heal_dtype", "cannot be combined with a quantized base (its layers compute "
+                    "in the dtype they were loaded with); use null")
         if self.early_rank_method is not None:
             from condense.attribute import METHODS
             if self.early_rank_method not in METHODS:

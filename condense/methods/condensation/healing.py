@@ -1,5 +1,7 @@
 """Heal: a LoRA adapter on the residual-stream writers, trained by KL distillation to the
 original model while the pruned edges are ablated (docs/design.md §5)."""
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +47,29 @@ def load_adapter_state(model, state):
     with torch.no_grad():
         for k, v in state.items():
             params[k].copy_(v)
+
+
+@contextmanager
+def base_weights_in(model, dtype):
+    """The frozen base weights of `model` cast to `dtype` inside the block, restored bit for
+    bit after it (from the originals, kept aside): the heal's forward and backward then run in
+    `dtype` (the graph follows the embedding's dtype), while the LoRA weights and their AdamW
+    state stay in their own dtype and peft casts activations to them and back. Tied weights
+    are one parameter and are cast once. dtype None, or the weights' own: nothing changes."""
+    from condense.models import DTYPES
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    kept = {}
+    if dtype is not None:
+        for name, p in model.named_parameters():
+            if "lora_" not in name and p.is_floating_point() and p.dtype != dtype:
+                kept[name] = p.data
+                p.data = p.data.to(dtype)
+    try:
+        yield
+    finally:
+        params = dict(model.named_parameters())
+        for name, original in kept.items():
+            params[name].data = original
 
 
 def _round_seed(cfg, rnd):
@@ -99,7 +124,8 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
-    weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks."""
+    weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks.
+    `heal_dtype` (e.g. bfloat16): the steps compute in that dtype (base_weights_in)."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
@@ -118,7 +144,9 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
 
     model.train()
     try:
-        return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr, desc=desc or f"heal round {rnd}",
-                   progress=progress, stop_below=cfg.heal_stop_loss or None)
+        with base_weights_in(model, cfg.heal_dtype):
+            return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,
+                       desc=desc or f"heal round {rnd}", progress=progress,
+                       stop_below=cfg.heal_stop_loss or None)
     finally:
         model.eval()
