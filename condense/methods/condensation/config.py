@@ -41,8 +41,9 @@ class CondenseConfig(RunConfig):
     heal_dtype: Optional[str] = field(default=None, metadata={
         "help": "dtype a heal computes in: bfloat16 casts the base model's weights for the heal "
                 "and restores them exactly after (the adapter and its optimizer stay float32; "
-                "the gate and ranking never see it); about twice as fast per heal step on CPUs "
-                "with bf16 instructions and on GPUs. null: the model's own dtype (the design)"})
+                "the gate and ranking never see it); SmolLM2's heal steps ran 1.6x faster on a CPU "
+                "with bf16 instructions (benchmarks/heal_dtype.py). null: the model's own dtype "
+                "(the design)"})
     final_heal_steps: int = field(default=0, metadata={
         "help": "after the last round, heal the final circuit this many steps more (no early "
                 "stop) and keep that adapter only if the gate still accepts it; with "
