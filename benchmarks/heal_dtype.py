@@ -27,11 +27,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def circuit_file(kind, task):
-    folder = os.path.join(ROOT, "checkpoints", f"{'eap_ig' if kind == 'eap_ig' else 'condense'}_smollm2_{task}")
-    for name in ("circuit.json", "circuit.json.gz"):
-        if os.path.exists(os.path.join(folder, name)):
-            return os.path.join(folder, name)
-    return None
+    from condense.report import circuit_path
+    return circuit_path(os.path.join(ROOT, "checkpoints",
+                                     f"{'eap_ig' if kind == 'eap_ig' else 'condense'}_smollm2_{task}"))
 
 
 def main(argv=None):

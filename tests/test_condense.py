@@ -299,7 +299,7 @@ def test_bf16_model_with_fp32_adapter(tiny_model, tmp_path):
         assert metrics[key] == metrics[key], key  # not NaN
 
 
-def test_heal_dtype_computes_the_heal_in_bf16_and_keeps_the_adapter_fp32(tiny_model, tmp_path):
+def test_heal_dtype_computes_the_heal_in_bf16_and_keeps_the_adapter_fp32(tiny_model, tmp_path, monkeypatch):
     """heal_dtype=bfloat16: inside the heal the base computes in bf16 (the loss sees a bf16
     embedding), its first loss is the float32 heal's up to bf16 rounding, the LoRA weights
     stay float32 and train, and afterwards every base weight is float32 again."""
@@ -318,17 +318,14 @@ def test_heal_dtype_computes_the_heal_in_bf16_and_keeps_the_adapter_fp32(tiny_mo
                               "heal_general_weight=0")
         peft_model = healing.add_adapter(model, cfg)
         lora = {k: v.clone() for k, v in healing.adapter_state(peft_model).items()}
-        real_loss = healing.heal_loss
         seen = []
 
-        def spy(m, *args):
+        def spy(m, *args, real=healing.heal_loss):
             seen.append(m.get_input_embeddings().weight.dtype)
-            return real_loss(m, *args)
-        healing.heal_loss = spy
-        try:
-            losses = healing.heal(peft_model, circuit, rows, target, cfg, 1, progress=False)
-        finally:
-            healing.heal_loss = real_loss
+            return real(m, *args)
+        monkeypatch.setattr(healing, "heal_loss", spy)
+        losses = healing.heal(peft_model, circuit, rows, target, cfg, 1, progress=False)
+        monkeypatch.undo()
         first[heal_dtype], dtypes[heal_dtype] = losses[0], set(seen)
         after = healing.adapter_state(peft_model)
         assert all(v.dtype == torch.float32 for v in after.values())
