@@ -70,19 +70,37 @@ def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str 
     device = next(model.parameters()).device
     was_training = _eval_mode(model)
     try:
-        full, empty = [None] * n, torch.zeros(n)
-        nothing = torch.zeros(graph.n_senders, graph.n_receivers)
-        for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
+        full = [None] * n
+        for idx, clean, _, mask, last in row_batches(cols, n, batch_size, device):
             logits = model(input_ids=clean, attention_mask=mask).logits
             logits = logits[torch.arange(len(idx), device=device), last].float().cpu()
             for j, i in enumerate(idx):
                 full[i] = logits[j]
+    finally:
+        model.train(was_training)
+    empty = empty_logit_diffs(model, graph, dataset, intervention, batch_size, means)
+    return EvalReference(torch.stack(full), empty, intervention)
+
+
+@torch.no_grad()
+def empty_logit_diffs(model: torch.nn.Module, graph, dataset, intervention: str = "patching",
+                      batch_size: int = 32, means=None) -> torch.Tensor:
+    """The empty circuit's (every edge ablated) logit difference per row [N]: the half of
+    reference_outputs that a model with new weights (an adapter) changes but a new circuit
+    does not."""
+    cols, n = dataset_columns(dataset)
+    device = next(model.parameters()).device
+    was_training = _eval_mode(model)
+    try:
+        empty = torch.zeros(n)
+        nothing = torch.zeros(graph.n_senders, graph.n_receivers)
+        for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
             empty_logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
                                      edge_mask=nothing, means=means, logit_positions=last)
             empty[idx] = _logit_diff(empty_logits, cols, idx)[0]
     finally:
         model.train(was_training)
-    return EvalReference(torch.stack(full), empty, intervention)
+    return empty
 
 
 @torch.no_grad()
@@ -92,8 +110,9 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     """Metrics of the circuit `graph` (or `edge_mask`) on `dataset` (a datasets.Dataset or a dict
     of lists with clean_ids, corrupted_ids, answer_id, distractor_id).
 
-    Returns logit_diff, accuracy, top1, kl, faithfulness (circuit), logit_diff_full,
-    accuracy_full, top1_full, logit_diff_empty, accuracy_empty, n; per_row=True adds per-row
+    Returns logit_diff, accuracy, top1, kl, faithfulness, top1_agreement (the circuit's top
+    token is the full model's) of the circuit, logit_diff_full, accuracy_full, top1_full,
+    logit_diff_empty, accuracy_empty, n; per_row=True adds per-row
     tensors. The model is evaluated in eval mode (its mode is restored afterwards)."""
     if reference is None:
         reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
@@ -101,7 +120,8 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
         raise ValueError(f"reference was computed for {reference.intervention!r}, not {intervention!r}")
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
-    ld, top1, kl = torch.zeros(n), torch.zeros(n, dtype=torch.bool), torch.zeros(n)
+    ld, kl = torch.zeros(n), torch.zeros(n)
+    top1, agree = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
     was_training = _eval_mode(model)
     try:
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
@@ -110,6 +130,7 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
             ld[idx], answer = _logit_diff(logits, cols, idx)
             logits = logits.float().cpu()
             top1[idx] = logits.argmax(-1) == answer
+            agree[idx] = logits.argmax(-1) == reference.full_logits[idx].argmax(-1)
             full_logp = F.log_softmax(reference.full_logits[idx], -1)
             kl[idx] = (full_logp.exp() * (full_logp - F.log_softmax(logits, -1))).sum(-1)
     finally:
@@ -122,6 +143,7 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     out = dict(
         logit_diff=ld.mean().item(), accuracy=(ld > 0).float().mean().item(),
         top1=top1.float().mean().item(), kl=kl.mean().item(),
+        top1_agreement=agree.float().mean().item(),
         faithfulness=((ld.mean() - ld_empty.mean()) / denom).item() if denom.abs() > 1e-12 else math.nan,
         logit_diff_full=ld_full.mean().item(), accuracy_full=(ld_full > 0).float().mean().item(),
         top1_full=(reference.full_logits.argmax(-1) == answers).float().mean().item(),

@@ -48,7 +48,8 @@ def all_reduce_(tensor, op="sum"):
 def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,
         weight_decay: float = 0.0, desc: str = "train", progress: bool = True,
         after_step: Optional[Callable] = None, check_finite: bool = True, postfix_every: int = 10,
-        stop_below: Optional[float] = None, window: int = 10) -> list[float]:
+        stop_below: Optional[float] = None, window: int = 10,
+        stop_if: Optional[Callable[[int], bool]] = None) -> list[float]:
     """`steps` AdamW steps; returns the per-step losses (averaged over processes).
 
     param_groups: a list of tensors, or of dicts as torch.optim takes them (per-group `lr`,
@@ -57,6 +58,8 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
     after_step(step, loss) is called after each update (e.g. to clamp or log).
     stop_below: stop early once the mean of the last `window` losses is below this (the
         losses are all-reduced, so every process stops at the same step).
+    stop_if(step) -> bool: called after each step's update (every process calls it); stop when
+        it is true in every process.
     Raises Diverged if a loss or a parameter becomes NaN/inf; every process raises together,
     since the loss checked is the all-reduced one."""
     groups = list(param_groups)
@@ -87,8 +90,17 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
         if stop_below is not None and len(losses) >= window \
                 and sum(losses[-window:]) / window < stop_below:
             break
+        if stop_if is not None and _everywhere(bool(stop_if(step)), params[0].device):
+            break
     bar.close()
     return losses
+
+
+def _everywhere(flag: bool, device) -> bool:
+    """True when `flag` is true in every process (one all-reduce; the flag itself on one)."""
+    if world()[1] == 1:
+        return flag
+    return all_reduce_(torch.tensor([float(flag)], device=device)).item() == world()[1]
 
 
 def _average_gradients(params):

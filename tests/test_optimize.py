@@ -29,3 +29,11 @@ def test_fit_maximises_a_group_and_raises_on_nan():
 def test_one_process_shard_is_everything():
     assert world() == (0, 1)
     assert shard([5, 1, 4]) == [5, 1, 4]
+
+
+def test_fit_stops_when_stop_if_says_so():
+    w = torch.zeros(2, requires_grad=True)
+    asked = []
+    losses = fit([w], lambda step: ((w - 1) ** 2).sum(), 10, lr=0.1, progress=False,
+                 stop_if=lambda step: asked.append(step) or step == 2)
+    assert len(losses) == 3 and asked == [0, 1, 2]

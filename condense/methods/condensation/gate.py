@@ -8,15 +8,23 @@ from condense import tasks
 from condense.evaluate import (
     EvalReference,
     dataset_columns,
+    empty_logit_diffs,
     evaluate,
     reference_outputs,
 )
-from condense.metrics import ACCURACY_EPS, pad_batch, perplexity
-from condense.patching import run_graph
+from condense.metrics import ACCURACY_EPS, perplexity
+
+from .healing import adapter_state
 
 
 class Gate:
-    """Held-out checks against the original model (docs/design.md §5)."""
+    """Held-out checks against the original model (docs/design.md §5).
+
+    What the gate measures of the model alone (its empty circuit's logit difference on val,
+    general-text perplexity) depends on the adapter, not on the circuit, and a whole verdict
+    depends on both: each is kept with an exact copy of the adapter (and circuit) it was
+    measured for and reused while they are unchanged, e.g. for consecutive candidates
+    accepted before healing, or the check after a heal that ended on an accepting check."""
 
     def __init__(self, model, graph, rows_val, blocks, cfg):
         self.rows, self.blocks, self.cfg = rows_val, blocks, cfg
@@ -28,28 +36,50 @@ class Gate:
         ld = full.gather(1, ans[:, None])[:, 0] - full.gather(1, dis[:, None])[:, 0]
         self.accuracy_original = (ld > 0).float().mean().item()
         self.ppl_original = perplexity(model, blocks, cfg.batch_size) if blocks else math.nan
+        self._model_part = None  # (adapter, empty LD on val, general-text ppl)
+        self._verdict = None  # (adapter, circuit edges, (ok, metrics))
 
     def __call__(self, model, circuit):
         cfg = self.cfg
-        m = circuit_metrics(model, circuit, self.rows, self.reference, cfg)
-        ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
+        adapter = adapter_state(model)
+        if self._verdict is not None and _same(self._verdict[0], adapter) \
+                and torch.equal(self._verdict[1], circuit.in_graph):
+            return self._verdict[2]
+        if self._model_part is None or not _same(self._model_part[0], adapter):
+            empty = empty_logit_diffs(model, circuit, self.rows, cfg.intervention, cfg.batch_size)
+            was = model.training
+            model.eval()
+            try:
+                ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
+            finally:
+                model.train(was)
+            self._model_part = (adapter, empty, ppl)
+        _, empty, ppl = self._model_part
+        m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty)
         ratio = ppl / self.ppl_original if self.blocks else 1.0
         ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
         ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
-        return ok_acc and ok_ppl and ok_f, dict(
+        verdict = ok_acc and ok_ppl and ok_f, dict(
             accuracy=m["accuracy"], ppl_ratio=ratio, kl=m["kl"], faithfulness=m["faithfulness"],
             gate_accuracy=ok_acc, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
+        self._verdict = (adapter, circuit.in_graph.clone(), verdict)
+        return verdict
 
 
-def circuit_metrics(model, circuit, rows, original_ref, cfg):
-    """evaluate() against the ORIGINAL model: KL and faithfulness use the original full
-    logits; the empty circuit is the current model's (adapter included)."""
-    own = reference_outputs(model, circuit, rows, cfg.intervention, cfg.batch_size)
-    ref = EvalReference(original_ref.full_logits, own.empty_logit_diff, cfg.intervention)
-    m = evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref)
-    m["top1_agreement"] = top1_agreement(model, circuit, rows, original_ref.full_logits, cfg)
-    return m
+def _same(a: dict, b: dict) -> bool:
+    """Two adapter states (name -> tensor) hold exactly the same values."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=None):
+    """evaluate() against the ORIGINAL model: KL, faithfulness and top-1 agreement use the
+    original full logits; the empty circuit is the current model's (adapter included; pass
+    its per-row logit difference if it is known already)."""
+    if empty_logit_diff is None:
+        empty_logit_diff = empty_logit_diffs(model, circuit, rows, cfg.intervention, cfg.batch_size)
+    ref = EvalReference(original_ref.full_logits, empty_logit_diff, cfg.intervention)
+    return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref)
 
 
 def template_split_accuracy(model, circuit, rows, original_ref, cfg):
@@ -65,22 +95,3 @@ def template_split_accuracy(model, circuit, rows, original_ref, cfg):
         out[f"accuracy_{name}_templates"] = m["accuracy"]
         out[f"accuracy_original_{name}_templates"] = m["accuracy_full"]
     return out
-
-
-@torch.no_grad()
-def top1_agreement(model, circuit, rows, original_logits, cfg):
-    cols, n = dataset_columns(rows)
-    device = next(model.parameters()).device
-    agree = 0
-    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
-    was = model.training
-    model.eval()
-    for start in range(0, n, cfg.batch_size):
-        idx = order[start:start + cfg.batch_size]
-        clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
-        corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
-        logits = run_graph(model, circuit, clean.to(device), corrupted.to(device), mask.to(device),
-                           intervention=cfg.intervention, logit_positions=(lengths - 1).to(device))
-        agree += int((logits.float().argmax(-1).cpu() == original_logits[idx].argmax(-1)).sum())
-    model.train(was)
-    return agree / n

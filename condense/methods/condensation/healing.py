@@ -55,19 +55,32 @@ def base_weights_in(model, dtype):
     bit after it (from the originals, kept aside): the heal's forward and backward then run in
     `dtype` (the graph follows the embedding's dtype), while the LoRA weights and their AdamW
     state stay in their own dtype and peft casts activations to them and back. Tied weights
-    are one parameter and are cast once. dtype None, or the weights' own: nothing changes."""
+    are one parameter and are cast once. dtype None, or the weights' own: nothing changes.
+    Yields `originals`, a context manager that puts the original weights back for a while."""
     from condense.models import DTYPES
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    kept = {}
+    kept, cast = {}, {}
     if dtype is not None:
         for name, p in model.named_parameters():
             if "lora_" not in name and p.is_floating_point() and p.dtype != dtype:
                 kept[name] = p.data
-                p.data = p.data.to(dtype)
+                cast[name] = p.data = p.data.to(dtype)
+    params = dict(model.named_parameters())
+
+    @contextmanager
+    def originals():
+        """The original weights back inside this block (a gate check during the heal)."""
+        for name, original in kept.items():
+            params[name].data = original
+        try:
+            yield
+        finally:
+            for name, weight in cast.items():
+                params[name].data = weight
+
     try:
-        yield
+        yield originals
     finally:
-        params = dict(model.named_parameters())
         for name, original in kept.items():
             params[name].data = original
 
@@ -120,18 +133,23 @@ def general_loss(model, blocks):
     return (target.exp() * (target - logp)).sum(-1).mean()
 
 
-def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None):
+def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,
+         accepts=None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
     weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks.
-    `heal_dtype` (e.g. bfloat16): the steps compute in that dtype (base_weights_in)."""
+    `heal_dtype` (e.g. bfloat16): the steps compute in that dtype (base_weights_in).
+    `accepts()` -> bool (the gate on this candidate): with `heal_gate_every` > 0 it is asked
+    every that many steps, in eval mode with the base weights in their own dtype, and the heal
+    ends once it accepts (never at the last step: the caller gates the result anyway)."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
     bs = min(cfg.heal_batch_size, n)
     use_general = cfg.heal_general_weight > 0 and general_blocks
     n_blocks = len(general_blocks) if use_general else 0
+    every = cfg.heal_gate_every if accepts is not None else 0
 
     def loss_fn(step):
         idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
@@ -142,11 +160,21 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
                 model, [general_blocks[i] for i in picks])
         return loss
 
+    def gate_accepts(step):
+        if not every or (step + 1) % every or step + 1 >= cfg.heal_steps:
+            return False
+        model.eval()
+        try:
+            with originals():
+                return accepts()
+        finally:
+            model.train()
+
     model.train()
     try:
-        with base_weights_in(model, cfg.heal_dtype):
+        with base_weights_in(model, cfg.heal_dtype) as originals:
             return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,
                        desc=desc or f"heal round {rnd}", progress=progress,
-                       stop_below=cfg.heal_stop_loss or None)
+                       stop_below=cfg.heal_stop_loss or None, stop_if=gate_accepts)
     finally:
         model.eval()

@@ -184,7 +184,8 @@ class _Loop:
                 if cfg.heal_if_needed:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
-                              general_blocks=self.train_blocks)
+                              general_blocks=self.train_blocks,
+                              accepts=lambda: self.gate(model, candidate)[0])
                 ok, g = self.gate(model, candidate)
             elif cfg.heal:
                 note = "accepted before healing"
@@ -195,7 +196,7 @@ class _Loop:
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
                       accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
                       faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
-                      note=note, time=time.perf_counter() - t0)
+                      heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
             f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"

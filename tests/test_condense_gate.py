@@ -1,0 +1,119 @@
+"""The gate's reuse of what it measured, and heals that stop once the gate accepts
+(heal_gate_every), on a tiny random GPT-2."""
+import pytest
+import torch
+
+from condense import evaluate as evaluation
+from condense.methods.condensation import gate as gating
+from condense.methods.condensation import healing
+from tests.test_condense import _recipe, _rounds, _run, load_config_for, tiny_model  # noqa: F401
+
+
+def _setup(tiny_model, tmp_path, *overrides):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from condense import tasks
+    from condense.graph import Graph
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = load_config_for(tmp_path, *overrides)
+    rows = tasks.load_task("ioi", tok, "train", n=8, seed=0)
+    blocks = list(tasks.general_text(tok, "val")["input_ids"])[:2]
+    full = Graph.from_model(model)
+    return model, cfg, rows, blocks, full
+
+
+def _random_circuit(full, seed):
+    g = full.copy()
+    g.in_graph = (torch.rand(g.in_graph.shape, generator=torch.Generator().manual_seed(seed)) < 0.5) & g.valid
+    return g
+
+
+def test_gate_reuses_only_what_its_adapter_and_circuit_decide(tiny_model, tmp_path, monkeypatch):
+    """The empty circuit's LD and the perplexity are measured once per adapter, a verdict once
+    per (adapter, circuit); every verdict equals a fresh gate's, which measures everything."""
+    model, cfg, rows, blocks, full = _setup(tiny_model, tmp_path)
+    model = healing.add_adapter(model, cfg)
+    a, b = _random_circuit(full, 1), _random_circuit(full, 2)
+    lora_b = next(p for n, p in model.named_parameters() if "lora_B" in n)
+
+    # fresh gates (nothing to reuse), each set up like the loop's: before the adapter changes
+    fresh = [gating.Gate(model, full, rows, blocks, cfg) for _ in range(3)]
+    expected = dict(a=fresh[0](model, a), b=fresh[1](model, b))
+    with torch.no_grad():
+        lora_b.add_(0.5)
+    expected["a new"] = fresh[2](model, a)
+    with torch.no_grad():
+        lora_b.sub_(0.5)
+    gate = gating.Gate(model, full, rows, blocks, cfg)
+    calls = dict(empty=0, ppl=0, evaluate=0)
+
+    def counted(name, real):
+        def f(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return f
+    monkeypatch.setattr(gating, "empty_logit_diffs", counted("empty", gating.empty_logit_diffs))
+    monkeypatch.setattr(gating, "perplexity", counted("ppl", gating.perplexity))
+    monkeypatch.setattr(gating, "evaluate", counted("evaluate", gating.evaluate))
+    assert gate(model, a) == expected["a"] and calls == dict(empty=1, ppl=1, evaluate=1)
+    assert gate(model, b) == expected["b"] and calls == dict(empty=1, ppl=1, evaluate=2)
+    assert gate(model, b) == expected["b"] and calls == dict(empty=1, ppl=1, evaluate=2)
+    with torch.no_grad():  # a new adapter: measured again
+        lora_b.add_(0.5)
+    assert gate(model, a) == expected["a new"] and calls == dict(empty=2, ppl=2, evaluate=3)
+    assert expected["a new"] != expected["a"]
+
+
+def test_evaluate_top1_agreement_is_the_full_models_top_token(tiny_model, tmp_path):
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+    model, cfg, rows, _, full = _setup(tiny_model, tmp_path)
+    circuit = _random_circuit(full, 3)
+    ref = evaluation.reference_outputs(model, full, rows, batch_size=8)
+    m = evaluation.evaluate(model, circuit, rows, batch_size=8, reference=ref)
+    clean, mask, lengths = pad_batch([list(r) for r in rows["clean_ids"]])
+    corrupted, _, _ = pad_batch([list(r) for r in rows["corrupted_ids"]])
+    with torch.no_grad():
+        logits = run_graph(model, circuit, clean, corrupted, mask, logit_positions=lengths - 1)
+    expected = (logits.argmax(-1) == ref.full_logits.argmax(-1)).float().mean().item()
+    assert m["top1_agreement"] == pytest.approx(expected)
+    assert evaluation.evaluate(model, full, rows, batch_size=8, reference=ref)["top1_agreement"] == 1.0
+
+
+@pytest.mark.parametrize("heal_dtype", [None, "bfloat16"])
+def test_heal_stops_at_the_first_accepting_check(tiny_model, tmp_path, heal_dtype):
+    """heal_gate_every=2 over 6 steps asks at steps 2 and 4 (never the last), in eval mode with
+    the base in float32, and the heal ends at the first yes with the uninterrupted heal's losses
+    so far (same batches)."""
+    model, cfg, rows, _, full = _setup(tiny_model, tmp_path, "heal_steps=6", "heal_gate_every=2",
+                                       "heal_general_weight=0", f"heal_dtype={heal_dtype or 'null'}")
+    target = healing.last_logprobs(model, rows, 8)
+    circuit = _random_circuit(full, 4)
+    model = healing.add_adapter(model, cfg)
+    start = healing.adapter_state(model)
+    asked = []
+
+    def never():
+        asked.append((model.get_input_embeddings().weight.dtype, model.training))
+        return False
+    whole = healing.heal(model, circuit, rows, target, cfg, 1, progress=False, accepts=never)
+    assert len(whole) == 6 and asked == [(torch.float32, False)] * 2
+    healing.load_adapter_state(model, start)
+    stopped = healing.heal(model, circuit, rows, target, cfg, 1, progress=False,
+                           accepts=lambda: len(asked) >= 3 or asked.append(None))
+    assert stopped == whole[:4]
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and not model.training
+
+
+def test_heal_gate_every_in_the_loop(tiny_model, tmp_path):
+    """A gate that accepts everything ends every heal after heal_gate_every steps; rounds.jsonl
+    records the steps; the key is part of the resume fingerprint and checked."""
+    out = str(tmp_path / "run")
+    recipe = _recipe(tmp_path, tiny_model, max_rounds=2, heal_steps=5, heal_gate_every=2)
+    _run(recipe, f"output_dir={out}")
+    assert [r["heal_steps"] for r in _rounds(out)] == [2, 2]
+    from condense.config import RecipeError
+    with pytest.raises(RecipeError, match="heal_gate_every"):
+        _run(recipe, f"output_dir={out}", "heal_gate_every=0")
+    with pytest.raises(RecipeError, match="heal_gate_every"):
+        load_config_for(tmp_path, "heal_gate_every=-1")
