@@ -1,7 +1,7 @@
 """Heal on a full-precision, 4-bit and 8-bit base: exactness, memory and step time.
 
     HF_HUB_OFFLINE=1 python benchmarks/quantized_heal.py [--model smollm2-135m]
-        [--circuit checkpoints/condense_smollm2_ioi/circuit.json] [--steps 4] [--threads 1]
+        [--circuit checkpoints/condense_smollm2_ioi_fp32/circuit.json] [--steps 4] [--threads 1]
         [--json benchmarks/results/quantized_heal.json]
 
 Each base runs in a fresh subprocess (so that peak memory is its own), on one batch of the
@@ -132,7 +132,7 @@ def heal_needs(r: dict) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--circuit", default="checkpoints/condense_smollm2_ioi/circuit.json")
+    ap.add_argument("--circuit", default="checkpoints/condense_smollm2_ioi_fp32/circuit.json")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="benchmarks/results/quantized_heal.json")

@@ -112,6 +112,9 @@ def test_heal_gate_every_in_the_loop(tiny_model, tmp_path):
     recipe = _recipe(tmp_path, tiny_model, max_rounds=2, heal_steps=5, heal_gate_every=2)
     _run(recipe, f"output_dir={out}")
     assert [r["heal_steps"] for r in _rounds(out)] == [2, 2]
+    control = str(tmp_path / "heal_only")  # the heal-only control heals in full
+    _run(recipe, f"output_dir={control}", "prune=false")
+    assert [r["heal_steps"] for r in _rounds(control)] == [5]
     from condense.config import RecipeError
     with pytest.raises(RecipeError, match="heal_gate_every"):
         _run(recipe, f"output_dir={out}", "heal_gate_every=0")

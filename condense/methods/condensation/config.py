@@ -38,8 +38,8 @@ class CondenseConfig(RunConfig):
     heal_gate_every: int = field(default=0, metadata={
         "help": "during a heal, run the gate on the candidate every this many steps (with the "
                 "base in its own dtype) and end the heal as soon as it accepts; the heal's "
-                "batches are the same, so this only stops sooner. 0: always run heal_steps (the "
-                "design)"})
+                "batches are the same, so this only stops sooner; the heal-only control "
+                "(prune=false) always heals in full. 0: always run heal_steps (the design)"})
     heal_ablated_grad: bool = field(default=True, metadata={
         "help": "backpropagate the heal loss through the corrupted run too (the "
                 "adapter also changes what pruned edges carry); false: that run is detached"})

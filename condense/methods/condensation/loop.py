@@ -185,7 +185,8 @@ class _Loop:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
                               general_blocks=self.train_blocks,
-                              accepts=lambda: self.gate(model, candidate)[0])
+                              # heal-only (prune=false) heals in full: its heal is the control
+                              accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
             elif cfg.heal:
                 note = "accepted before healing"
