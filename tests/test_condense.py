@@ -29,7 +29,7 @@ def _recipe(tmp_path, model, **over):
     data = dict(method="condense", model=model, task="ioi", n_train=8, n_val=8, n_test=8,
                 ig_steps=1, batch_size=8, heal_steps=3, heal_batch_size=4, heal_lr=1e-3,
                 lora_rank=2, lora_alpha=4, n_general=2, max_rounds=3, threads=1,
-                gate_accuracy_tol=1.0, gate_ppl_ratio=10.0, report_to="none")
+                gate_accuracy_tol=1.0, gate_empty_fails=False, gate_ppl_ratio=10.0, report_to="none")
     data.update(over)
     path = tmp_path / "recipe.yaml"
     import yaml

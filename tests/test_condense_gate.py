@@ -120,3 +120,30 @@ def test_heal_gate_every_in_the_loop(tiny_model, tmp_path):
         _run(recipe, f"output_dir={out}", "heal_gate_every=0")
     with pytest.raises(RecipeError, match="heal_gate_every"):
         load_config_for(tmp_path, "heal_gate_every=-1")
+
+
+@pytest.mark.parametrize("empty_fails", [True, False])
+def test_gate_rejects_a_circuit_whose_empty_circuit_passes(tiny_model, tmp_path, empty_fails):
+    """gate_empty_fails: when the corrupted run itself answers (here corrupted = clean, and
+    every row's answer is the one the model prefers), the empty circuit passes the accuracy
+    gate, so any circuit's edges carry nothing: rejected; with the check off, accepted."""
+    model, cfg, rows, blocks, full = _setup(tiny_model, tmp_path, "gate_accuracy_tol=0.05",
+                                            f"gate_empty_fails={str(empty_fails).lower()}")
+    cols = {k: list(rows[k]) for k in ("clean_ids", "answer_id", "distractor_id")}
+    ref = evaluation.reference_outputs(model, full, rows, batch_size=8)
+    for i, logits in enumerate(ref.full_logits):  # the model's preferred token is the answer
+        a, d = cols["answer_id"][i], cols["distractor_id"][i]
+        if logits[a] < logits[d]:
+            cols["answer_id"][i], cols["distractor_id"][i] = d, a
+    cols["corrupted_ids"] = cols["clean_ids"]
+    gate = gating.Gate(model, full, cols, blocks, cfg)
+    assert gate.accuracy_original == 1.0
+    ok, g = gate(model, _random_circuit(full, 4))
+    assert g["accuracy_empty"] == 1.0 and g["accuracy"] == 1.0 and g["gate_accuracy"]
+    assert g["gate_empty"] is not empty_fails and ok is not empty_fails
+    # real rows: the verdict's empty accuracy is evaluate's, and decides against the floor
+    gate = gating.Gate(model, full, rows, blocks, cfg)
+    ok, g = gate(model, full)
+    m = evaluation.evaluate(model, full, rows, batch_size=8, reference=gate.reference)
+    assert g["accuracy_empty"] == m["accuracy_empty"]
+    assert g["gate_empty"] == (not empty_fails or m["accuracy_empty"] < gate.accuracy_original - 0.05 - 1e-6)

@@ -379,6 +379,10 @@ def test_accuracy_criterion_and_the_runs_own_rule():
     assert by_f["minimal_faithful_subsets"] == [["a"]]
     assert by_acc["minimal_faithful_subsets"] == [["b"]] and by_acc["accuracy_circuit"] == 0.97
     assert both["minimal_faithful_subsets"] == [["a", "b"]] and both["irreducible"]
+    assert not any(r["empty_passes"] for r in (by_f, by_acc, both))
+    # the corrupted run alone passes (an adapter that learnt the corruption): flagged
+    vacuous, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, None, 0.05, acc, 0.4)
+    assert vacuous["empty_passes"] and vacuous["minimal_faithful_subsets"] == [[]]
     assert run_criterion(CondenseConfig(gate_accuracy_tol=0.03)) == dict(
         criterion="accuracy", accuracy_tol=0.03, threshold=0.9)
     assert run_criterion(CondenseConfig(gate_faithfulness=0.8))["criterion"] == "both"

@@ -123,6 +123,8 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accurac
         logit_diff_full_model=ld_full, logit_diff_empty=ld_empty,
         logit_diff_circuit=float(ld[full]), faithfulness_circuit=float(f[full]),
         circuit_faithful=bool(faithful[full]),
+        # then every subset's verdict is vacuous: the corrupted run alone passes
+        empty_passes=bool(faithful[0]),
         irreducible=not bool(proper[full]),
         n_faithful_subsets=int(faithful.sum()),
         n_minimal_faithful_subsets=len(order),
@@ -445,6 +447,9 @@ def main(argv=None):
     else:
         verdict = (f"{'irreducible' if report['irreducible'] else 'reducible'}; "
                    f"{report['n_minimal_faithful_subsets']} minimal faithful subsets")
+        if report["empty_passes"]:
+            verdict += (" (the empty circuit passes: the corrupted run alone answers, so no "
+                        "edge is needed and the subsets say nothing)")
     print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
           f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
           f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "

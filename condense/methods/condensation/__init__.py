@@ -20,8 +20,11 @@ Each round:
 4. gate on held-out data: circuit accuracy on the val rows >= the original full model's
    val accuracy - `gate_accuracy_tol`, and perplexity (model+adapter, plain full forward)
    / perplexity (original) <= `gate_ppl_ratio` on `n_general` blocks of general text
-   (split `val`); with `gate_faithfulness` > 0 also val faithfulness f(C) >= it (f against
-   the original model's full logit difference, the empty circuit of model+adapter).
+   (split `val`); the empty circuit (model+adapter, every edge ablated) must stay below that
+   accuracy floor (`gate_empty_fails`; else the adapter answers from the corrupted run and
+   the circuit's edges carry nothing); with `gate_faithfulness` > 0 also val faithfulness
+   f(C) >= it (f against the original model's full logit difference, the empty circuit of
+   model+adapter).
    A round whose heal loss turns NaN/inf is rejected (logged).
 On rejection the last accepted adapter and circuit are restored and the cut halves (at
 least `min_prune_fraction`); a rejected cut at that floor, or `max_rounds`, ends the run.

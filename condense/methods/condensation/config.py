@@ -64,6 +64,10 @@ class CondenseConfig(RunConfig):
                 "family: c_proj for GPT-2, o_proj and down_proj otherwise)"})
     gate_accuracy_tol: float = field(default=0.05, metadata={
         "help": "accept a round when val circuit accuracy >= original - this"})
+    gate_empty_fails: bool = field(default=True, metadata={
+        "help": "also require the empty circuit (model with adapter, every edge ablated) to "
+                "fail the accuracy gate on val: an adapter that answers from the corrupted "
+                "run leaves a circuit whose edges carry nothing (false: the design's gate)"})
     gate_ppl_ratio: float = field(default=1.05, metadata={
         "help": "accept a round when general-text ppl (adapter) / ppl (original) <= this"})
     gate_faithfulness: float = field(default=0.0, metadata={

@@ -18,7 +18,9 @@ from .healing import adapter_state
 
 
 class Gate:
-    """Held-out checks against the original model (docs/design.md §5).
+    """Held-out checks against the original model (docs/design.md §5): the circuit's val
+    accuracy holds, the empty circuit's (model with adapter, every edge ablated) does not
+    (`gate_empty_fails`), general-text perplexity holds, and optionally faithfulness.
 
     What the gate measures of the model alone (its empty circuit's logit difference on val,
     general-text perplexity) depends on the adapter, not on the circuit, and a whole verdict
@@ -57,12 +59,17 @@ class Gate:
         _, empty, ppl = self._model_part
         m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty)
         ratio = ppl / self.ppl_original if self.blocks else 1.0
-        ok_acc = m["accuracy"] >= self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
+        floor = self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
+        ok_acc = m["accuracy"] >= floor
+        # an adapter can learn to answer from the corrupted run itself; then the circuit's
+        # edges carry nothing and the verifier's verdicts on its subsets are vacuous
+        ok_empty = not cfg.gate_empty_fails or m["accuracy_empty"] < floor
         ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
-        verdict = ok_acc and ok_ppl and ok_f, dict(
-            accuracy=m["accuracy"], ppl_ratio=ratio, kl=m["kl"], faithfulness=m["faithfulness"],
-            gate_accuracy=ok_acc, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
+        verdict = ok_acc and ok_empty and ok_ppl and ok_f, dict(
+            accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
+            kl=m["kl"], faithfulness=m["faithfulness"], gate_accuracy=ok_acc,
+            gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
         self._verdict = (adapter, circuit.in_graph.clone(), verdict)
         return verdict
 

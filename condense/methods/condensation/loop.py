@@ -195,13 +195,16 @@ class _Loop:
             ok, g = False, _NOT_GATED
         ok = self._agreed(ok)
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
-                      accuracy=g["accuracy"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      accuracy=g["accuracy"], accuracy_empty=g["accuracy_empty"],
+                      ppl_ratio=g["ppl_ratio"], kl=g["kl"],
                       faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
                       heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
             f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"
-            + (f" ({note})" if note else ""))
+            + (f" ({note})" if note else "")
+            + ("" if g["gate_empty"] else f"; the empty circuit passes too "
+               f"(accuracy {record['accuracy_empty']:.3f})"))
         if is_main():
             _wandb_log(self.ctx.accelerator, cfg, record)
         state["rounds"].append(record)
@@ -257,7 +260,7 @@ class _Loop:
             load_adapter_state(model, before)
         record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
                       edges=circuit.count_edges(on_path=True), accuracy=g["accuracy"],
-                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
+                      accuracy_empty=g["accuracy_empty"], ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
                       heal_loss=losses[-1] if losses else None, time=time.perf_counter() - t0,
                       from_adapter=state["adapter_file"])
         log(f"final heal ({cfg.final_heal_steps} steps, {len(rows)} rows): val accuracy "
@@ -295,7 +298,8 @@ class _Loop:
         metrics = dict(
             method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
             edges=circuit.count_edges(on_path=True), total_edges=int(self.full.valid.sum()),
-            accuracy=test["accuracy"], accuracy_original=test["accuracy_full"], top1=test["top1"],
+            accuracy=test["accuracy"], accuracy_original=test["accuracy_full"],
+            accuracy_empty=test["accuracy_empty"], top1=test["top1"],
             top1_agreement=test["top1_agreement"], logit_diff=test["logit_diff"],
             logit_diff_original=test["logit_diff_full"], faithfulness=test["faithfulness"],
             kl=test["kl"], ppl_ratio=ppl / self.gate.ppl_original if self.blocks else math.nan,
@@ -349,7 +353,8 @@ def run_condense(ctx: RunContext) -> dict:
 
 
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
-_NOT_GATED = dict(accuracy=math.nan, ppl_ratio=math.nan, kl=math.nan, faithfulness=math.nan)
+_NOT_GATED = dict(accuracy=math.nan, accuracy_empty=math.nan, ppl_ratio=math.nan, kl=math.nan,
+                  faithfulness=math.nan, gate_empty=True)
 
 
 class _Skip(Exception):

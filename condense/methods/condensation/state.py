@@ -78,10 +78,11 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "gate_accuracy_tol", "gate_ppl_ratio", "n_general", "init_circuit", "rank_at_circuit",
                "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
                "heal_stop_loss", "gate_faithfulness", "rank_rows", "early_rank_method",
-               "early_rank_edges", "heal_if_needed", "heal_dtype", "heal_gate_every")
+               "early_rank_edges", "heal_if_needed", "heal_dtype", "heal_gate_every",
+               "gate_empty_fails")
 # a key at this value is left out of the fingerprint, so a state written before it existed resumes
 OFF = dict(gate_faithfulness=0.0, rank_rows=None, early_rank_method=None, early_rank_edges=0,
-           heal_if_needed=False, heal_dtype=None, heal_gate_every=0)
+           heal_if_needed=False, heal_dtype=None, heal_gate_every=0, gate_empty_fails=False)
 
 
 def _fingerprint(cfg):
