@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from condense.evaluate import dataset_columns, row_batches
+from condense.metrics import eval_mode
 from condense.model_parts import model_parts, model_shape
 from condense.patching import INTERVENTIONS, ablated_values, decomposed_forward
 
@@ -179,10 +180,8 @@ class _Attributor:
             raise ValueError("attribute: the dataset has no rows")
         g = self.graph
         total = torch.zeros(g.n_senders, g.n_receivers, dtype=torch.float64)
-        was_training = self.model.training
-        self.model.eval()
-        bar = tqdm(total=n, desc=f"attribute {method}", disable=not progress, unit="row")
-        try:
+        with eval_mode(self.model), tqdm(total=n, desc=f"attribute {method}",
+                                         disable=not progress, unit="row") as bar:
             for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, self.device):
                 labels = [torch.tensor([int(cols[k][i]) for i in idx], device=self.device)
                           for k in ("answer_id", "distractor_id")]
@@ -190,9 +189,6 @@ class _Attributor:
                 with torch.enable_grad():
                     total += getattr(self, "_" + method)(b).to("cpu", torch.float64)
                 bar.update(len(idx))
-        finally:
-            bar.close()
-            self.model.train(was_training)
         if self.skip_unread and self._captures(method):  # scored on the circuit only
             total.mul_(self.base.to("cpu", torch.float64))
         return (total / n).float()

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from condense.metrics import pad_batch
+from condense.metrics import eval_mode, pad_batch
 from condense.patching import run_graph
 
 
@@ -55,12 +55,6 @@ def _logit_diff(logits, cols, idx):
     return logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, distractor[:, None])[:, 0], answer
 
 
-def _eval_mode(model):
-    was = model.training
-    model.eval()
-    return was
-
-
 @torch.no_grad()
 def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str = "patching",
                       batch_size: int = 32, means=None) -> EvalReference:
@@ -68,16 +62,13 @@ def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str 
     `dataset`: what every circuit's metrics are measured against."""
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
-    was_training = _eval_mode(model)
-    try:
+    with eval_mode(model):
         full = [None] * n
         for idx, clean, _, mask, last in row_batches(cols, n, batch_size, device):
             logits = model(input_ids=clean, attention_mask=mask).logits
             logits = logits[torch.arange(len(idx), device=device), last].float().cpu()
             for j, i in enumerate(idx):
                 full[i] = logits[j]
-    finally:
-        model.train(was_training)
     empty = empty_logit_diffs(model, graph, dataset, intervention, batch_size, means)
     return EvalReference(torch.stack(full), empty, intervention)
 
@@ -90,16 +81,13 @@ def empty_logit_diffs(model: torch.nn.Module, graph, dataset, intervention: str 
     does not."""
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
-    was_training = _eval_mode(model)
-    try:
+    with eval_mode(model):
         empty = torch.zeros(n)
         nothing = torch.zeros(graph.n_senders, graph.n_receivers)
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
             empty_logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
                                      edge_mask=nothing, means=means, logit_positions=last)
             empty[idx] = _logit_diff(empty_logits, cols, idx)[0]
-    finally:
-        model.train(was_training)
     return empty
 
 
@@ -122,8 +110,7 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     device = next(model.parameters()).device
     ld, kl = torch.zeros(n), torch.zeros(n)
     top1, agree = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
-    was_training = _eval_mode(model)
-    try:
+    with eval_mode(model):
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
             logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
                                edge_mask=edge_mask, means=means, logit_positions=last)
@@ -133,8 +120,6 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
             agree[idx] = logits.argmax(-1) == reference.full_logits[idx].argmax(-1)
             full_logp = F.log_softmax(reference.full_logits[idx], -1)
             kl[idx] = (full_logp.exp() * (full_logp - F.log_softmax(logits, -1))).sum(-1)
-    finally:
-        model.train(was_training)
 
     ld_full, _ = _logit_diff(reference.full_logits, cols, range(n))
     answers = torch.tensor([int(a) for a in cols["answer_id"]])

@@ -1,5 +1,6 @@
 """Metrics of docs/design.md §4 on plain (unpatched) models: logit difference at the last
 position, accuracy, top-1, and perplexity on general text."""
+import contextlib
 import math
 
 import torch
@@ -9,6 +10,18 @@ import torch.nn.functional as F
 # tolerance allow this much, so that 93/100 against 98/100 - 0.05 passes (in float32 it is
 # 0.93 < 0.98 - 0.05; a SmolLM2 condensation rejected a 46-edge circuit on that).
 ACCURACY_EPS = 1e-6
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module):
+    """The model in eval mode inside (no dropout while measuring or while masks learn on frozen
+    weights), the caller's mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def pad_batch(seqs, pad_id=0):
@@ -59,14 +72,16 @@ def task_scores(model, rows, batch_size=64, forward=None):
 
 
 @torch.no_grad()
+@torch.no_grad()
 def perplexity(model, blocks, batch_size=16):
-    """exp(mean next-token cross-entropy) over equal-length blocks of ids."""
+    """exp(mean next-token cross-entropy) over equal-length blocks of ids, in eval mode."""
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    for start in range(0, len(blocks), batch_size):
-        ids = torch.as_tensor(blocks[start:start + batch_size], device=device)
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                               reduction="sum")
-        total, count = total + loss.item(), count + ids[:, 1:].numel()
+    with eval_mode(model):
+        for start in range(0, len(blocks), batch_size):
+            ids = torch.as_tensor(blocks[start:start + batch_size], device=device)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                   reduction="sum")
+            total, count = total + loss.item(), count + ids[:, 1:].numel()
     return math.exp(total / count)

@@ -108,7 +108,7 @@ from condense.artifacts import atomic_write
 from condense.config import RecipeError, RunConfig, at_least
 from condense.evaluate import dataset_columns, evaluate
 from condense.graph import Graph
-from condense.metrics import last_logits, pad_batch
+from condense.metrics import eval_mode, last_logits, pad_batch
 from condense.optimize import all_reduce_, fit, shard
 from condense.methods import register
 from condense.patching import run_graph
@@ -276,8 +276,6 @@ def train_masks(model, graph, masks, rows, target_logp, cfg, *, steps, ramp_step
     bs = min(cfg.ep_batch_size, n)
     every = max(1, steps // 200)
     history = []
-    was_training = model.training
-    model.eval()
 
     def loss_fn(step):
         idx = shard(torch.randperm(n, generator=batch_gen)[:bs].tolist())
@@ -311,11 +309,9 @@ def train_masks(model, graph, masks, rows, target_logp, cfg, *, steps, ramp_step
         with torch.no_grad():
             masks.log_alpha.clamp_(-bound, bound)
 
-    try:
+    with eval_mode(model):  # dropout off: the masks learn on the frozen model's own outputs
         fit(groups, loss_fn, steps, lr=cfg.ep_lr, weight_decay=0.0, desc=desc, progress=progress,
             after_step=clamp)
-    finally:
-        model.train(was_training)
     return history, lambdas.detach()
 
 

@@ -49,12 +49,7 @@ class Gate:
             return self._verdict[2]
         if self._model_part is None or not _same(self._model_part[0], adapter):
             empty = empty_logit_diffs(model, circuit, self.rows, cfg.intervention, cfg.batch_size)
-            was = model.training
-            model.eval()
-            try:
-                ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
-            finally:
-                model.train(was)
+            ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
             self._model_part = (adapter, empty, ppl)
         _, empty, ppl = self._model_part
         m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from condense.evaluate import dataset_columns
-from condense.metrics import pad_batch
+from condense.metrics import eval_mode, pad_batch
 from condense.model_parts import model_shape
 from condense.optimize import Diverged, fit, shard
 from condense.patching import run_graph
@@ -163,12 +163,8 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     def gate_accepts(step):
         if not every or (step + 1) % every or step + 1 >= cfg.heal_steps:
             return False
-        model.eval()
-        try:
-            with originals():
-                return accepts()
-        finally:
-            model.train()
+        with eval_mode(model), originals():
+            return accepts()
 
     model.train()
     try:

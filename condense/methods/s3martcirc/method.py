@@ -72,6 +72,7 @@ from condense.methods.s3martcirc.node_baselines import (
     discovery_loss,
     masked_logits,
 )
+from condense.metrics import eval_mode
 from condense.optimize import all_reduce_, fit, shard
 from condense.patching import decomposed_forward
 
@@ -154,30 +155,28 @@ def node_fi(model, graph, rows, batch_size=32):
     writes = [write_vectors(lp.mlp_down, d, device, dtype) for lp in parts.layers]
     sums = [torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, d, dtype=torch.float64)]
     counts = [torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, d, dtype=torch.float64)]
-    was = model.training
-    model.eval()
-    for idx, clean, _, mask, _ in row_batches(cols, n, batch_size, device):
-        resid, hooks = {}, []
-        for l, lp in enumerate(parts.layers):
-            for key, module in (("attn", lp.attn_norm), ("mlp", lp.mlp_norm)):
-                hooks.append(module.register_forward_pre_hook(
-                    lambda m, args, key=key, l=l, into=resid: into.__setitem__((key, l), args[0])))
-        try:
-            _, vals, _ = decomposed_forward(parts, graph, clean, mask, keep_hidden=True,
-                                            compute_logits=False)
-        finally:
-            for h in hooks:
-                h.remove()
-        real = mask.bool()
-        for l in range(L):
-            heads_out = vals.blocks[1 + 2 * l].float()                     # [H, B, T, D]
-            fi_h = functional_importance(resid[("attn", l)].float()[None], heads_out, real[None])
-            fi_n = neuron_functional_importance(resid[("mlp", l)], vals.hidden[l], writes[l], real)
-            for k, fi in ((0, fi_h.T), (1, fi_n)):                          # fi: [B, nodes]
-                ok = torch.isfinite(fi)
-                sums[k][l] += torch.where(ok, fi, torch.zeros_like(fi)).sum(0).double().cpu()
-                counts[k][l] += ok.sum(0).double().cpu()
-    model.train(was)
+    with eval_mode(model):
+        for idx, clean, _, mask, _ in row_batches(cols, n, batch_size, device):
+            resid, hooks = {}, []
+            for l, lp in enumerate(parts.layers):
+                for key, module in (("attn", lp.attn_norm), ("mlp", lp.mlp_norm)):
+                    hooks.append(module.register_forward_pre_hook(
+                        lambda m, args, key=key, l=l, into=resid: into.__setitem__((key, l), args[0])))
+            try:
+                _, vals, _ = decomposed_forward(parts, graph, clean, mask, keep_hidden=True,
+                                                compute_logits=False)
+            finally:
+                for h in hooks:
+                    h.remove()
+            real = mask.bool()
+            for l in range(L):
+                heads_out = vals.blocks[1 + 2 * l].float()                     # [H, B, T, D]
+                fi_h = functional_importance(resid[("attn", l)].float()[None], heads_out, real[None])
+                fi_n = neuron_functional_importance(resid[("mlp", l)], vals.hidden[l], writes[l], real)
+                for k, fi in ((0, fi_h.T), (1, fi_n)):                          # fi: [B, nodes]
+                    ok = torch.isfinite(fi)
+                    sums[k][l] += torch.where(ok, fi, torch.zeros_like(fi)).sum(0).double().cpu()
+                    counts[k][l] += ok.sum(0).double().cpu()
     heads, neurons = (s / c.clamp_min(1) for s, c in zip(sums, counts))
     return NodeScores(heads.float(), neurons.float())
 
@@ -371,13 +370,9 @@ def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True,
                        passthrough=int((r_h == 1).sum() + (r_n == 1).sum()))
             history.append(rec)
 
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         fit([theta_h, theta_n], loss_fn, len(schedule), lr=s.lr, weight_decay=s.weight_decay,
             desc="s3martcirc", progress=progress, after_step=after_step)
-    finally:
-        model.train(was)
     n_discovery = sum(1 for kind, _, _ in schedule if kind == "d")
     importance = [all_reduce_(t.to(device), "mean").cpu() / n_discovery for t in importance]
     return S3Result(theta_h.detach().cpu(), theta_n.detach().cpu(), fi, thresholds,

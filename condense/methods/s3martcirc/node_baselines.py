@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from condense.evaluate import dataset_columns, evaluate, reference_outputs, row_batches
-from condense.metrics import last_logits, pad_batch
+from condense.metrics import eval_mode, last_logits, pad_batch
 from condense.optimize import fit, shard
 from condense.patching import (
     ablated_values,
@@ -228,12 +228,6 @@ def _full_graph(graph):
     return g
 
 
-def _eval_mode(model):
-    was = model.training
-    model.eval()
-    return was
-
-
 # ---------------------------------------------------------------- exact activation patching
 
 @torch.no_grad()
@@ -252,11 +246,10 @@ def exact_patching(model, graph, rows, *, intervention="patching", batch_size=32
     edge_mask = g.in_graph.to(device=device, dtype=dtype)
     heads = torch.zeros(L, H, dtype=torch.float64)
     neurons = torch.zeros(L, d, dtype=torch.float64)
-    was = _eval_mode(model)
     n_neurons = 0 if heads_only else d
-    bar = tqdm(total=L * (H + n_neurons) * math.ceil(n / batch_size), desc="exact patching",
-               disable=not progress, unit="run", mininterval=2.0)
-    try:
+    with eval_mode(model), tqdm(total=L * (H + n_neurons) * math.ceil(n / batch_size),
+                                desc="exact patching", disable=not progress, unit="run",
+                                mininterval=2.0) as bar:
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
             answer, distractor = _labels(cols, idx, device)
             ablated = ablated_values(parts, g, intervention, clean.shape, corrupted, mask, means,
@@ -281,9 +274,6 @@ def exact_patching(model, graph, rows, *, intervention="patching", batch_size=32
                     neurons[l, i] += full - ld()
                     nm[l, i] = 1
                     bar.update()
-    finally:
-        bar.close()
-        model.train(was)
     if heads_only:
         neurons.fill_(-math.inf)
     return NodeScores((heads / n).float(), (neurons / n).float())
@@ -300,9 +290,7 @@ def _mask_gradients(model, graph, rows, values, intervention, batch_size, means,
     g = _full_graph(graph)
     heads = torch.zeros(L, H, dtype=torch.float64)
     neurons = torch.zeros(L, d, dtype=torch.float64)
-    was = _eval_mode(model)
-    bar = tqdm(total=n, desc=desc, disable=not progress, unit="row")
-    try:
+    with eval_mode(model), tqdm(total=n, desc=desc, disable=not progress, unit="row") as bar:
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
             answer, distractor = _labels(cols, idx, device)
             for value in values:
@@ -315,9 +303,6 @@ def _mask_gradients(model, graph, rows, values, intervention, batch_size, means,
                 heads += gh.double().cpu() / len(values)
                 neurons += gn.double().cpu() / len(values)
             bar.update(len(idx))
-    finally:
-        bar.close()
-        model.train(was)
     return NodeScores((heads / n).float(), (neurons / n).float())
 
 
@@ -434,12 +419,9 @@ def node_pruning(model, graph, rows, *, steps, lr=0.1, l0_weight=0.3, alpha=0.75
         l0 = torch.cat([expected_l0(la_heads).flatten(), expected_l0(la_neurons).flatten()]).mean()
         return discovery_loss(logits, batch[4], batch[5], alpha) + l0_weight * l0
 
-    was = _eval_mode(model)
-    try:
+    with eval_mode(model):
         losses = fit([la_heads, la_neurons], loss_fn, steps, lr=lr, desc="node pruning",
                      progress=progress)
-    finally:
-        model.train(was)
     return NodeScores(la_heads.detach().float().cpu(), la_neurons.detach().float().cpu()), losses
 
 
