@@ -33,3 +33,15 @@ def test_perplexity_matches_loss():
     blocks = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
     loss = model(input_ids=torch.tensor(blocks), labels=torch.tensor(blocks)).loss
     assert math.isclose(perplexity(model, blocks, batch_size=1), math.exp(loss.item()), rel_tol=1e-5)
+
+
+def test_perplexity_measures_in_eval_mode_and_restores_the_mode():
+    """A model left in training mode (dropout on, as during a heal) is measured without
+    dropout, the same value as in eval mode, and handed back in training mode."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50,
+                                       n_positions=32, resid_pdrop=0.5, embd_pdrop=0.5))
+    blocks = torch.randint(0, 50, (4, 12)).tolist()
+    expected = perplexity(model.eval(), blocks, batch_size=2)
+    model.train()
+    assert perplexity(model, blocks, batch_size=2) == expected and model.training
