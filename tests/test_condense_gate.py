@@ -147,3 +147,49 @@ def test_gate_rejects_a_circuit_whose_empty_circuit_passes(tiny_model, tmp_path,
     m = evaluation.evaluate(model, full, rows, batch_size=8, reference=gate.reference)
     assert g["accuracy_empty"] == m["accuracy_empty"]
     assert g["gate_empty"] == (not empty_fails or m["accuracy_empty"] < gate.accuracy_original - 0.05 - 1e-6)
+
+
+def test_heal_corrupted_term_is_the_empty_circuits_kl_to_the_original(tiny_model, tmp_path):
+    """heal_corrupted_weight: corrupted_loss is KL(original || model with adapter) at the last
+    position of the corrupted prompts, which is also what the empty circuit (every edge
+    patched) outputs; 0 for a fresh adapter (the original itself); the heal's loss adds it."""
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+    model, cfg, rows, _, full = _setup(tiny_model, tmp_path, "heal_steps=1", "heal_general_weight=0",
+                                       "heal_corrupted_weight=0.5")
+    target = healing.last_logprobs(model, rows, 8)
+    corrupted = healing.last_logprobs(model, rows, 8, "corrupted_ids")
+    model = healing.add_adapter(model, cfg)
+    cols, idx = {k: list(rows[k]) for k in rows.column_names}, list(range(8))
+    assert healing.corrupted_loss(model, cols, idx, corrupted).item() == pytest.approx(0, abs=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 5)
+    got = healing.corrupted_loss(model, cols, idx, corrupted)
+    clean, mask, lengths = pad_batch(cols["clean_ids"])
+    bad, _, _ = pad_batch(cols["corrupted_ids"])
+    with torch.no_grad():
+        empty = run_graph(model.eval(), full, clean, bad, mask, logit_positions=lengths - 1,
+                          edge_mask=torch.zeros(full.n_senders, full.n_receivers))
+    logp = torch.log_softmax(empty.float(), -1)
+    assert got.item() == pytest.approx((corrupted.exp() * (corrupted - logp)).sum(-1).mean().item(),
+                                       rel=1e-3) and got.item() > 1e-3
+    start = healing.adapter_state(model)
+    with_term = healing.heal(model, full, rows, target, cfg, 1, progress=False, corrupted_logp=corrupted)
+    healing.load_adapter_state(model, start)
+    import dataclasses
+    without = healing.heal(model, full, rows, target, dataclasses.replace(cfg, heal_corrupted_weight=0.0),
+                           1, progress=False)
+    assert with_term[0] > without[0]
+    from condense.config import RecipeError
+    with pytest.raises(RecipeError, match="heal_corrupted_weight"):
+        load_config_for(tmp_path, "heal_corrupted_weight=-1")
+    # in the loop, the final heal on more rows included; part of the resume fingerprint
+    out = str(tmp_path / "run")
+    recipe = _recipe(tmp_path, tiny_model, max_rounds=1, heal_corrupted_weight=0.5,
+                     final_heal_steps=2, final_heal_rows=12)
+    assert _run(recipe, f"output_dir={out}")["final_heal"]["rows"] == 12
+    with pytest.raises(RecipeError, match="heal_corrupted_weight"):
+        _run(recipe, f"output_dir={out}", "heal_corrupted_weight=0")

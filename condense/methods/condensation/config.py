@@ -35,6 +35,11 @@ class CondenseConfig(RunConfig):
     heal_stop_loss: float = field(default=0.0, metadata={
         "help": "end a heal early once its mean loss over 10 steps is below this "
                 "(0: always run heal_steps)"})
+    heal_corrupted_weight: float = field(default=0.0, metadata={
+        "help": "weight of KL(original || model+adapter) at the last position of the corrupted "
+                "prompts (full graph) added to the heal loss: keeps the empty circuit (the "
+                "adapted model on the corrupted prompt) from learning to answer from the "
+                "corruption, which gate_empty_fails would reject. 0: the design's loss"})
     heal_gate_every: int = field(default=0, metadata={
         "help": "during a heal, run the gate on the candidate every this many steps (with the "
                 "base in its own dtype) and end the heal as soon as it accepts; the heal's "
@@ -101,7 +106,7 @@ class CondenseConfig(RunConfig):
         super().check()
         for key in ("heal_steps", "heal_batch_size", "heal_general_batch", "lora_rank", "max_rounds"):
             at_least(self, key, 1)
-        for key in ("heal_general_weight", "heal_stop_loss", "n_general", "final_heal_steps",
+        for key in ("heal_general_weight", "heal_corrupted_weight", "heal_stop_loss", "n_general", "final_heal_steps",
                     "heal_gate_every"):
             at_least(self, key, 0)
         at_least(self, "heal_lr", 0, strict=True)

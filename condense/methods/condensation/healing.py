@@ -91,15 +91,16 @@ def _round_seed(cfg, rnd):
 
 # ------------------------------------------------------------------ original model outputs
 @torch.no_grad()
-def last_logprobs(model, rows, batch_size):
-    """Original model's last-position log-probs [N, V] on the clean prompts (heal target)."""
+def last_logprobs(model, rows, batch_size, prompts="clean_ids"):
+    """Original model's last-position log-probs [N, V] on the clean prompts (heal target), or
+    on the corrupted ones (prompts="corrupted_ids")."""
     cols, n = dataset_columns(rows)
     device = next(model.parameters()).device
     out = [None] * n
-    order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))
+    order = sorted(range(n), key=lambda i: len(cols[prompts][i]))
     for start in range(0, n, batch_size):
         idx = order[start:start + batch_size]
-        ids, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+        ids, mask, lengths = pad_batch([list(cols[prompts][i]) for i in idx])
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
         lp = F.log_softmax(last.float(), -1).cpu()
@@ -121,6 +122,19 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg):
     return (target.exp() * (target - logp)).sum(-1).mean()
 
 
+def corrupted_loss(model, cols, idx, corrupted_logp):
+    """KL(original || model with adapter) at the last position of the corrupted prompts, full
+    graph: the model with adapter on a corrupted prompt is the empty circuit, so this keeps it
+    saying what the original says there instead of learning to answer from the corruption."""
+    device = next(model.parameters()).device
+    ids, mask, lengths = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
+    logp = F.log_softmax(last.float(), -1)
+    target = corrupted_logp[idx].to(device)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
 def general_loss(model, blocks):
     """KL(original || model with adapter) per token on general-text blocks, full graph: the
     original is the same peft model with its adapter disabled (no stored logits, so this
@@ -134,11 +148,13 @@ def general_loss(model, blocks):
 
 
 def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,
-         accepts=None):
+         accepts=None, corrupted_logp=None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
     weight times KL(original || adapter model) on a batch of `heal_general_batch` blocks.
+    With `heal_corrupted_weight` > 0 it adds that weight times corrupted_loss (the original's
+    last-position log-probs on the corrupted prompts in `corrupted_logp`) on the same rows.
     `heal_dtype` (e.g. bfloat16): the steps compute in that dtype (base_weights_in).
     `accepts()` -> bool (the gate on this candidate): with `heal_gate_every` > 0 it is asked
     every that many steps, in eval mode with the base weights in their own dtype, and the heal
@@ -154,6 +170,8 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     def loss_fn(step):
         idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
         loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
+        if cfg.heal_corrupted_weight > 0:
+            loss = loss + cfg.heal_corrupted_weight * corrupted_loss(model, cols, idx, corrupted_logp)
         if use_general:
             picks = shard(torch.randperm(n_blocks, generator=gen)[:cfg.heal_general_batch].tolist())
             loss = loss + cfg.heal_general_weight * general_loss(

@@ -130,6 +130,8 @@ class _Loop:
         self.full = ctx.graph
         # the original model's outputs, before any adapter exists
         self.target_logp = last_logprobs(model, self.rows["train"], cfg.batch_size) if cfg.heal else None
+        self.corrupted_logp = (last_logprobs(model, self.rows["train"], cfg.batch_size, "corrupted_ids")
+                               if cfg.heal and cfg.heal_corrupted_weight > 0 else None)
         self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg)
         self.test_ref = reference_outputs(model, self.full, self.rows["test"], cfg.intervention,
                                           cfg.batch_size)
@@ -184,7 +186,7 @@ class _Loop:
                 if cfg.heal_if_needed:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
-                              general_blocks=self.train_blocks,
+                              general_blocks=self.train_blocks, corrupted_logp=self.corrupted_logp,
                               # heal-only (prune=false) heals in full: its heal is the control
                               accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
@@ -241,16 +243,19 @@ class _Loop:
         cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
         before = adapter_state(model)
-        rows, target = self.rows["train"], self.target_logp
+        rows, target, corrupted = self.rows["train"], self.target_logp, self.corrupted_logp
         if self.final_rows is not None and len(self.final_rows) != len(rows):
             rows = self.final_rows
             with model.disable_adapter():  # the original model's outputs on the new rows
                 target = last_logprobs(model, rows, cfg.batch_size)
+                if corrupted is not None:
+                    corrupted = last_logprobs(model, rows, cfg.batch_size, "corrupted_ids")
         steps_cfg = dataclasses.replace(cfg, heal_steps=cfg.final_heal_steps, heal_stop_loss=0.0)
         rnd = state["round"] + 1  # the seed of the round that would come next
         try:
             losses = heal(model, circuit, rows, target, steps_cfg, rnd,
-                          general_blocks=self.train_blocks, desc="final heal")
+                          general_blocks=self.train_blocks, desc="final heal",
+                          corrupted_logp=corrupted)
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
             losses, ok, g = [], False, _NOT_GATED
