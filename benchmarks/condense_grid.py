@@ -155,8 +155,10 @@ def main(argv=None):
     if args.keep:
         for r in rows:
             src = os.path.join(args.out, f"c1_{r['task']}_s0")
-            if r["seed"] == 0 and os.path.exists(os.path.join(src, "metrics.json")):
-                dst = os.path.join(ROOT, "checkpoints", f"condense_smollm2_{r['task']}")
+            dst = os.path.join(ROOT, "checkpoints", f"condense_smollm2_{r['task']}")
+            # a grid folder may be a link to the shipped run itself: nothing to copy
+            if (r["seed"] == 0 and os.path.exists(os.path.join(src, "metrics.json"))
+                    and not (os.path.exists(dst) and os.path.samefile(src, dst))):
                 os.makedirs(dst, exist_ok=True)
                 for name in KEEP:
                     if os.path.exists(os.path.join(src, name)):
