@@ -77,7 +77,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from condense.evaluate import dataset_columns, row_batches
-from condense.metrics import eval_mode
+from condense.metrics import eval_mode, kl_rows
 from condense.model_parts import model_parts, model_shape
 from condense.patching import INTERVENTIONS, ablated_values, decomposed_forward
 
@@ -237,7 +237,7 @@ class _Attributor:
         if self.metric == "logit_diff":
             return (logits.gather(1, b.answer[:, None]) - logits.gather(1, b.distractor[:, None]))[:, 0]
         logp = F.log_softmax(logits, -1)
-        return (target_logp.exp() * (logp - target_logp)).sum(-1)  # -KL(P_full || P)
+        return -kl_rows(target_logp, logp)
 
     def _mask_gradient(self, b, ablated, value, target_logp):
         """d (summed metric) / d edge mask, at the mask filled with `value`."""

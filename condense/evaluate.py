@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from condense.metrics import eval_mode, pad_batch
+from condense.metrics import eval_mode, kl_rows, pad_batch
 from condense.patching import run_graph
 
 
@@ -119,7 +119,7 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
             top1[idx] = logits.argmax(-1) == answer
             agree[idx] = logits.argmax(-1) == reference.full_logits[idx].argmax(-1)
             full_logp = F.log_softmax(reference.full_logits[idx], -1)
-            kl[idx] = (full_logp.exp() * (full_logp - F.log_softmax(logits, -1))).sum(-1)
+            kl[idx] = kl_rows(full_logp, F.log_softmax(logits, -1))
 
     ld_full, _ = _logit_diff(reference.full_logits, cols, range(n))
     answers = torch.tensor([int(a) for a in cols["answer_id"]])

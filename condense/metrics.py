@@ -24,6 +24,13 @@ def eval_mode(model: torch.nn.Module):
         model.train(was_training)
 
 
+def kl_rows(target_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(P_target || P) per row, summed over the last (vocabulary) dimension, from
+    log-probabilities: the distillation loss of heal and Edge Pruning and the KL evaluation
+    reports."""
+    return F.kl_div(logp, target_logp, reduction="none", log_target=True).sum(-1)
+
+
 def pad_batch(seqs, pad_id=0):
     """Right-pad lists of ids; returns ids [B, T], attention mask [B, T] and lengths [B]."""
     lengths = torch.tensor([len(s) for s in seqs])

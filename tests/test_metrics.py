@@ -3,7 +3,7 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from condense.metrics import last_logits, logit_diff_stats, perplexity
+from condense.metrics import kl_rows, last_logits, logit_diff_stats, perplexity
 
 
 def tiny():
@@ -45,3 +45,16 @@ def test_perplexity_measures_in_eval_mode_and_restores_the_mode():
     expected = perplexity(model.eval(), blocks, batch_size=2)
     model.train()
     assert perplexity(model, blocks, batch_size=2) == expected and model.training
+
+
+def test_kl_rows_is_kl_of_the_target_to_the_model_per_row():
+    # written out from the definition, sum_v p(v) log(p(v) / q(v)), with the target first:
+    # swapping the arguments gives a different number on these rows
+    gen = torch.Generator().manual_seed(0)
+    target = torch.log_softmax(3 * torch.randn(4, 7, generator=gen), -1)
+    logp = torch.log_softmax(torch.randn(4, 7, generator=gen), -1)
+    p, q = target.exp(), logp.exp()
+    expected = (p * (p / q).log()).sum(-1)
+    assert torch.allclose(kl_rows(target, logp), expected, atol=1e-6)
+    assert not torch.allclose(kl_rows(logp, target), expected, atol=1e-3)
+    assert torch.allclose(kl_rows(target, target), torch.zeros(4), atol=1e-7)

@@ -108,7 +108,7 @@ from condense.artifacts import atomic_write
 from condense.config import RecipeError, RunConfig, at_least
 from condense.evaluate import dataset_columns, evaluate
 from condense.graph import Graph
-from condense.metrics import eval_mode, last_logits, pad_batch
+from condense.metrics import eval_mode, kl_rows, last_logits, pad_batch
 from condense.optimize import all_reduce_, fit, shard
 from condense.methods import register
 from condense.patching import run_graph
@@ -260,7 +260,7 @@ def full_logprobs(model, rows, batch_size):
 def kl_last(logits, target_logp):
     """Mean over rows of KL(P_target || softmax(logits)) ([B, V] each)."""
     logp = F.log_softmax(logits.float(), -1)
-    return (target_logp.exp() * (target_logp - logp)).sum(-1).mean()
+    return kl_rows(target_logp, logp).mean()
 
 
 def train_masks(model, graph, masks, rows, target_logp, cfg, *, steps, ramp_steps,

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from condense.evaluate import dataset_columns
-from condense.metrics import eval_mode, pad_batch
+from condense.metrics import eval_mode, kl_rows, pad_batch
 from condense.model_parts import model_shape
 from condense.optimize import Diverged, fit, shard
 from condense.patching import run_graph
@@ -119,7 +119,7 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg):
                        ablated_grad=cfg.heal_ablated_grad)
     logp = F.log_softmax(logits.float(), -1)
     target = target_logp[idx].to(device)
-    return (target.exp() * (target - logp)).sum(-1).mean()
+    return kl_rows(target, logp).mean()
 
 
 def corrupted_loss(model, cols, idx, corrupted_logp):
@@ -132,7 +132,7 @@ def corrupted_loss(model, cols, idx, corrupted_logp):
     last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
     logp = F.log_softmax(last.float(), -1)
     target = corrupted_logp[idx].to(device)
-    return (target.exp() * (target - logp)).sum(-1).mean()
+    return kl_rows(target, logp).mean()
 
 
 def general_loss(model, blocks):
@@ -144,7 +144,7 @@ def general_loss(model, blocks):
     with torch.no_grad(), model.disable_adapter():
         target = F.log_softmax(model(input_ids=ids).logits.float(), -1)
     logp = F.log_softmax(model(input_ids=ids).logits.float(), -1)
-    return (target.exp() * (target - logp)).sum(-1).mean()
+    return kl_rows(target, logp).mean()
 
 
 def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,

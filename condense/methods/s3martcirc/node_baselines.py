@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from condense.evaluate import dataset_columns, evaluate, reference_outputs, row_batches
-from condense.metrics import eval_mode, last_logits, pad_batch
+from condense.metrics import eval_mode, kl_rows, last_logits, pad_batch
 from condense.optimize import fit, shard
 from condense.patching import (
     ablated_values,
@@ -362,7 +362,7 @@ class TrainData:
 def discovery_loss(logits, answer, target_logp, alpha):
     """alpha * KL(P_orig || P_mask) - (1 - alpha) * log P_mask(answer), mean over rows."""
     logp = F.log_softmax(logits.float(), -1)
-    kl = (target_logp.exp() * (target_logp - logp)).sum(-1)
+    kl = kl_rows(target_logp, logp)
     nll = -logp.gather(1, answer[:, None])[:, 0]
     return (alpha * kl + (1 - alpha) * nll).mean()
 
