@@ -60,7 +60,7 @@ class _TopN:
         self.graph = graph.copy()  # the caller's in_graph is left alone
         self.total = int(graph.valid.sum())
         self.reference = reference or reference_outputs(model, graph, dataset, intervention,
-                                                        batch_size, means)
+                                                        batch_size, means, keep_ablated=True)
         self.seen = {}
 
     def circuit(self, n):
@@ -98,7 +98,8 @@ def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention: str = "p
     """MIB's CPR (signed ranking, area under f) and CMD (absolute ranking, area under |1 - f|),
     with both curves; the full/empty reference runs are shared."""
     if reference is None:
-        reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
+        reference = reference_outputs(model, graph, dataset, intervention, batch_size, means,
+                                      keep_ablated=True)
     kw = dict(percents=percents, intervention=intervention, batch_size=batch_size, means=means,
               reference=reference, progress=progress)
     signed = faithfulness_curve(model, graph, dataset, absolute=False, **kw)

@@ -21,10 +21,15 @@ from condense.patching import run_graph
 class EvalReference:
     """What does not depend on the circuit: full-model last-position logits [N, V] and the
     empty circuit's LD [N], for one dataset, intervention and ablation means. Reuse it across
-    many circuits (e.g. CPR/CMD sweeps) with evaluate(..., reference=...)."""
+    many circuits (e.g. CPR/CMD sweeps) with evaluate(..., reference=...). `ablated`, when
+    kept, holds what removed edges carry (the corrupted run's sender values) for each batch of
+    row_batches(batch_size): evaluate then skips the corrupted forward, about half of each
+    evaluation, at the cost of keeping those values in memory."""
     full_logits: torch.Tensor
     empty_logit_diff: torch.Tensor
     intervention: str
+    ablated: Optional[list] = None
+    batch_size: Optional[int] = None
 
 
 def dataset_columns(dataset):
@@ -57,9 +62,12 @@ def _logit_diff(logits, cols, idx):
 
 @torch.no_grad()
 def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str = "patching",
-                      batch_size: int = 32, means=None) -> EvalReference:
+                      batch_size: int = 32, means=None, keep_ablated: bool = False) -> EvalReference:
     """The full model's last-position logits and the empty circuit's logit difference on
-    `dataset`: what every circuit's metrics are measured against."""
+    `dataset`: what every circuit's metrics are measured against. keep_ablated: also keep the
+    corrupted run of every batch for evaluate to reuse (sweeps over many circuits of one
+    model whose weights do not change meanwhile; memory: every sender's output for every row
+    and position)."""
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
     with eval_mode(model):
@@ -69,8 +77,9 @@ def reference_outputs(model: torch.nn.Module, graph, dataset, intervention: str 
             logits = logits[torch.arange(len(idx), device=device), last].float().cpu()
             for j, i in enumerate(idx):
                 full[i] = logits[j]
-    empty = empty_logit_diffs(model, graph, dataset, intervention, batch_size, means)
-    return EvalReference(torch.stack(full), empty, intervention)
+    empty, ablated = _empty_runs(model, graph, dataset, intervention, batch_size, means, keep_ablated)
+    return EvalReference(torch.stack(full), empty, intervention, ablated,
+                         batch_size if keep_ablated else None)
 
 
 @torch.no_grad()
@@ -79,16 +88,24 @@ def empty_logit_diffs(model: torch.nn.Module, graph, dataset, intervention: str 
     """The empty circuit's (every edge ablated) logit difference per row [N]: the half of
     reference_outputs that a model with new weights (an adapter) changes but a new circuit
     does not."""
+    return _empty_runs(model, graph, dataset, intervention, batch_size, means, False)[0]
+
+
+def _empty_runs(model, graph, dataset, intervention, batch_size, means, keep_ablated):
+    """(the empty circuit's LD per row [N], each batch's ablated values or None)."""
     cols, n = dataset_columns(dataset)
     device = next(model.parameters()).device
+    kept = [] if keep_ablated else None
     with eval_mode(model):
         empty = torch.zeros(n)
         nothing = torch.zeros(graph.n_senders, graph.n_receivers)
         for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
-            empty_logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
-                                     edge_mask=nothing, means=means, logit_positions=last)
-            empty[idx] = _logit_diff(empty_logits, cols, idx)[0]
-    return empty
+            run = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
+                            edge_mask=nothing, means=means, logit_positions=last, return_run=True)
+            empty[idx] = _logit_diff(run.logits, cols, idx)[0]
+            if keep_ablated:
+                kept.append(run.ablated)
+    return empty, kept
 
 
 @torch.no_grad()
@@ -110,10 +127,12 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     device = next(model.parameters()).device
     ld, kl = torch.zeros(n), torch.zeros(n)
     top1, agree = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+    kept = reference.ablated if reference.batch_size == batch_size else None
     with eval_mode(model):
-        for idx, clean, corrupted, mask, last in row_batches(cols, n, batch_size, device):
+        for k, (idx, clean, corrupted, mask, last) in enumerate(row_batches(cols, n, batch_size, device)):
             logits = run_graph(model, graph, clean, corrupted, mask, intervention=intervention,
-                               edge_mask=edge_mask, means=means, logit_positions=last)
+                               edge_mask=edge_mask, means=means, logit_positions=last,
+                               ablated=kept[k] if kept is not None else None)
             ld[idx], answer = _logit_diff(logits, cols, idx)
             logits = logits.float().cpu()
             top1[idx] = logits.argmax(-1) == answer

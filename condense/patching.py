@@ -491,7 +491,7 @@ def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
               head_mask: torch.Tensor | None = None, neuron_mask: torch.Tensor | None = None,
               means: "SenderMeans | None" = None, logit_positions: torch.Tensor | None = None,
               ablated_grad: bool = False, receiver_hook=None, capture_receivers: bool = False,
-              return_run: bool = False) -> "torch.Tensor | GraphRun":
+              return_run: bool = False, ablated: SenderValues | None = None) -> "torch.Tensor | GraphRun":
     """Logits of the circuit model on `clean_ids` [B, T].
 
     edge_mask: [n_senders, n_receivers] in [0, 1] (default graph.in_graph), may require grad.
@@ -501,7 +501,10 @@ def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
     logit_positions: [B] positions to read; then logits are [B, V] instead of [B, T, V].
     ablated_grad: let gradients flow through the corrupted run too (default: it is detached).
     return_run: return a GraphRun with clean/ablated sender values and captured receiver inputs
-    (capture_receivers=True makes each receiver group's input retain its grad, for EAP)."""
+    (capture_receivers=True makes each receiver group's input retain its grad, for EAP).
+    ablated: what removed edges carry for this batch, from an earlier run's GraphRun.ablated on
+    the same batch and intervention (the corrupted run does not depend on the circuit, so many
+    circuits can share it); recomputed when it lacks the MLP hidden units a neuron mask needs."""
     if intervention not in INTERVENTIONS:
         raise ValueError(f"intervention {intervention!r}; choose one of {INTERVENTIONS}")
     parts = checked_parts(model, graph)
@@ -520,10 +523,11 @@ def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
     if intervention == "patching" and (corrupted_ids is None
                                        or tuple(corrupted_ids.shape) != tuple(clean_ids.shape)):
         raise ValueError("patching needs corrupted_ids of the same shape as clean_ids")
-    with torch.set_grad_enabled(ablated_grad and torch.is_grad_enabled()):
-        ablated = ablated_values(parts, graph, intervention, clean_ids.shape, corrupted_ids,
-                                 attention_mask, means, keep_hidden=neuron_mask is not None,
-                                 like=edge_mask)
+    if ablated is None or (neuron_mask is not None and any(h is None for h in ablated.hidden)):
+        with torch.set_grad_enabled(ablated_grad and torch.is_grad_enabled()):
+            ablated = ablated_values(parts, graph, intervention, clean_ids.shape, corrupted_ids,
+                                     attention_mask, means, keep_hidden=neuron_mask is not None,
+                                     like=edge_mask)
     logits, clean, captured = decomposed_forward(
         parts, graph, clean_ids, attention_mask, ablated=ablated, edge_mask=edge_mask,
         head_mask=head_mask, neuron_mask=neuron_mask, receiver_hook=receiver_hook,
