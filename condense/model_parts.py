@@ -322,10 +322,14 @@ def project_per_head(proj, x, head_dim):
     wb = None if FORCE_GENERIC_PROJECTIONS else affine_weight(proj.module)
     if wb is not None:
         W, b = wb
-        n_module_heads = int(proj.head_of.max()) + 1
+        head_of = proj.head_of.to(x.device)
+        n_module_heads = int(head_of.max()) + 1
         W = W[proj.offset: proj.offset + n_module_heads * head_dim].view(n_module_heads, head_dim, -1)
-        if n_module_heads != rows.shape[0]:  # GQA: each query head reads its KV head's rows
-            W = W[proj.head_of.to(x.device)]
+        # each query head reads its own module head's rows (GQA: its KV head). Compare the map
+        # itself, not the counts: a subset of query heads (e.g. two that share KV head 1) can
+        # have as many heads as the rows it spans and still not read them in order
+        if not torch.equal(head_of, torch.arange(n_module_heads, device=x.device)):
+            W = W[head_of]
         y = torch.einsum("hbtd,hkd->bthk", x, W)
         return y if b is None else y + b[rows]
     y = proj.module(x.contiguous()).permute(1, 2, 0, 3)  # [B, T, H, out]: every input, whole module

@@ -279,8 +279,15 @@ def _shortcut_masks(g, seed=0):
     continuous = torch.rand(g.valid.shape, generator=gen) * valid
     columns = valid.clone()
     columns[:, g.attn_receivers(1)] = (torch.rand(g.n_senders, 1, generator=gen) < 0.5).float()
+    # layer 1: only the last two heads read anything; under GQA (Llama here: 4 heads over 2 KV
+    # heads) both read the second KV head, so the heads recomputed must keep their own K/V rows
+    late_heads = valid.clone()
+    for h in range(g.shape.n_heads - 2):
+        for kind in "qkv":
+            late_heads[:, g.receiver_index[f"a1.h{h}<{kind}>"]] = 0
+    late_heads[0, g.receiver_index["a1.h2<q>"]] = 0  # inputs that differ: projected per head
     return dict(empty=torch.zeros_like(valid), full=valid, sparse=sparse, blocks=blocks,
-                continuous=continuous, columns=columns * valid)
+                continuous=continuous, columns=columns * valid, late_heads=late_heads)
 
 
 @pytest.mark.parametrize("intervention", ["patching", "mean", "zero"])
