@@ -305,6 +305,8 @@ def read_run(path: str, what: str = "read") -> RunFolder:
     methods, which runs wrote before configs were split, are ignored)."""
     from condense.methods import config_from
     circuit = os.path.join(path, "circuit.json")
+    if not os.path.exists(circuit) and os.path.exists(circuit + ".gz"):
+        circuit += ".gz"  # shipped scoring runs keep every edge's score gzipped
     if not os.path.exists(circuit):
         raise FileNotFoundError(f"{path}: no circuit.json to {what}")
     recipe = os.path.join(path, "recipe.yaml")

@@ -184,3 +184,26 @@ def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     assert e.value.code == 130
     err = capsys.readouterr().err
     assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
+
+
+def test_a_run_folder_with_a_gzipped_circuit_reads(finished_run, tmp_path):
+    # shipped scoring runs keep circuit.json.gz (every edge's score): verify and the
+    # benchmarks read them as they read circuit.json
+    import gzip
+    import shutil
+
+    from condense.models import load_model
+    folder = str(tmp_path / "gz")
+    shutil.copytree(finished_run, folder)
+    plain = os.path.join(folder, "circuit.json")
+    with open(plain, "rb") as f, gzip.open(plain + ".gz", "wb") as g:
+        g.write(f.read())
+    before = runs.read_run(finished_run)
+    os.remove(plain)
+    after = runs.read_run(folder)
+    assert after.circuit_path.endswith("circuit.json.gz")
+    model = load_model(after.config.model)
+    assert (after.circuit(model).in_graph == before.circuit(model).in_graph).all()
+    os.remove(plain + ".gz")
+    with pytest.raises(FileNotFoundError, match="no circuit.json"):
+        runs.read_run(folder)
