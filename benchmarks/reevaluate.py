@@ -12,6 +12,7 @@ faithfulness on the val rows it was chosen on (`faithfulness_val`, the search's 
 its test metrics.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -33,10 +34,7 @@ def reevaluate(run_dir: str, threads: int = 1) -> dict:
     net, tokenizer, _ = run.load_model(threads=threads)
     rows = tasks.load_task(cfg.task, tokenizer, "test", n=cfg.n_test, seed=cfg.seed)
     circuit = run.circuit(net)
-    if run.adapter:
-        with net.disable_adapter():
-            original = reference_outputs(net, circuit, rows, cfg.intervention, cfg.batch_size)
-    else:
+    with net.disable_adapter() if run.adapter else contextlib.nullcontext():  # the original
         original = reference_outputs(net, circuit, rows, cfg.intervention, cfg.batch_size)
     now = circuit_metrics(net, circuit, rows, original, cfg)
     now["accuracy_original"] = now["accuracy_full"]

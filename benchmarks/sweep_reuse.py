@@ -41,6 +41,10 @@ def kept_bytes(reference):
 def one_task(model, tokenizer, model_name, task, rows_n, batch, repeats):
     rows = tasks.load_task(task, tokenizer, "val", n=rows_n)
     scored = os.path.join(ROOT, "checkpoints", f"eap_ig_{model_name}_{task}")
+    if not os.path.exists(os.path.join(scored, "circuit.json.gz")):
+        have = sorted(d[len("eap_ig_"):] for d in os.listdir(os.path.join(ROOT, "checkpoints"))
+                      if d.startswith("eap_ig_"))
+        sys.exit(f"no EAP-IG scores for {model_name} {task} ({scored}); shipped: {', '.join(have)}")
     graph = Graph.from_json(os.path.join(scored, "circuit.json.gz"), model)
     with open(os.path.join(scored, "metrics.json")) as f:
         n = json.load(f)["n_requested"]
