@@ -1,77 +1,21 @@
-"""The exact edge-level graph: naming and counts, selection/pruning/JSON, the patched forward
-against plain Hugging Face models (every supported family, with and without LoRA), against
-hand-written hook computations and finite differences, and evaluate()."""
+"""The exact edge-level graph on a model: naming and counts, the patched forward against plain
+Hugging Face models (every supported family, with and without LoRA), against hand-written hook
+computations and finite differences, other ablations, and the architectures refused.
+Selection, pruning and JSON are in test_graph_selection.py; evaluate() in test_evaluate.py."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config,  # noqa: E402
-                          Gemma3TextConfig, GemmaConfig, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
-                          LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
+from transformers import Gemma3Config, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig  # noqa: E402
 
 import condense.model_parts as model_parts  # noqa: E402
-from condense.evaluate import evaluate, reference_outputs  # noqa: E402
 from condense.graph import Graph  # noqa: E402
 from condense.model_parts import UnsupportedModelError  # noqa: E402
 from condense.patching import compute_means, run_graph  # noqa: E402
 
-from .tiny import moved_token_rows, randomize_weights  # noqa: E402
-
-TOL = 1e-4
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             vocab_size=100, max_position_embeddings=64)
-CONFIGS = {
-    "gpt2": lambda: GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=100, n_positions=64),
-    # GQA everywhere else; Llama with attention/MLP biases to exercise the o_proj bias constant
-    "llama": lambda: LlamaConfig(**SMALL, num_key_value_heads=2, attention_bias=True, mlp_bias=True),
-    "qwen2": lambda: Qwen2Config(**SMALL, num_key_value_heads=2),
-    "qwen3": lambda: Qwen3Config(**SMALL, num_key_value_heads=1, head_dim=16),
-    # windows of 3 < sequence length 7: sliding-window attention is active
-    "mistral": lambda: MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=3),
-    "gemma": lambda: GemmaConfig(**SMALL, num_key_value_heads=2, head_dim=8),
-    "gemma2": lambda: Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=3,
-                                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
-                                   query_pre_attn_scalar=8),
-    # sliding (window 3) and full layers, each type with its own rotary embedding (full: another
-    # base and linear scaling, as the 4B+ checkpoints); attn_logit_softcapping is set because
-    # transformers' Gemma3 attention ignores it (it is not passed on): the graph must too
-    "gemma3": lambda: Gemma3TextConfig(
-        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8, sliding_window=3,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={t: dict(p) for t, p in GEMMA3_ROPE.items()}, query_pre_attn_scalar=8,
-        final_logit_softcapping=3.0, attn_logit_softcapping=5.0),
-}
-GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
-LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
-LORA_TARGETS = {"gpt2": ["c_attn", "c_proj", "c_fc"], "gemma3": LLAMA_LIKE_TARGETS + ["gate_proj"]}
-
-
-def make_model(family, dtype=torch.float32, seed=0, lora=False, **overrides):
-    """A tiny random model whose weights are large enough that every component matters."""
-    cfg = CONFIGS[family]()
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    torch.manual_seed(seed)
-    model = randomize_weights(AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), seed)
-    model = model.to(dtype).eval()
-    if lora:
-        from peft import LoraConfig, get_peft_model
-        cfg = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, fan_in_fan_out=family == "gpt2",
-                         target_modules=LORA_TARGETS.get(family, LLAMA_LIKE_TARGETS))
-        model = get_peft_model(model, cfg).eval()
-    return model
-
-
-def prompts(B=3, T=7, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    clean = torch.randint(0, 100, (B, T), generator=gen)
-    corrupted = torch.randint(0, 100, (B, T), generator=gen)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 5:] = 0  # a right-padded row
-    return clean, corrupted, mask
+from .tiny import CONFIGS, GEMMA3_ROPE, TOL, make_model, prompts  # noqa: E402
 
 
 # ------------------------------------------------------------------ naming and counts
@@ -428,67 +372,6 @@ def test_zero_and_mean_ablation_of_the_empty_graph():
         assert (ours - model(input_ids=clean).logits).abs().max() <= TOL
 
 
-# ------------------------------------------------------------------ selection, pruning, JSON
-
-def _scored_graph(seed=0):
-    g = Graph.from_model(CONFIGS["llama"]())
-    g.scores = torch.randn(g.scores.shape, generator=torch.Generator().manual_seed(seed))
-    return g
-
-
-def test_topn_threshold_greedy():
-    g = _scored_graph()
-    g.apply_topn(0)
-    assert g.n_edges == 0
-    g.apply_topn(17)
-    assert g.n_edges == 17
-    kept = g.scores.abs()[g.in_graph]
-    assert kept.min() >= g.scores.abs()[g.valid & ~g.in_graph].max()
-    g.apply_topn(5, absolute=False)
-    assert (g.scores[g.in_graph] >= g.scores[g.valid & ~g.in_graph].max()).all()
-    g.apply_threshold(1.5)
-    assert g.n_edges == int((g.scores.abs()[g.valid] >= 1.5).sum())
-    g.apply_greedy(25)
-    assert g.n_edges == 25
-    on = g.nodes_in_graph()
-    for e in (e for e in g.edges.values() if e.in_graph):  # grown from logits backwards
-        assert on[int(g.receiver_node[e.r])] and (e.child.name == "logits" or any(
-            c.in_graph for c in e.child.child_edges))
-    with pytest.raises(ValueError):
-        g.apply_topn(len(g.edges) + 1)
-
-
-def test_prune_json_round_trip_and_image(tmp_path):
-    g = _scored_graph(1)
-    g.apply_topn(30)
-    before = g.n_edges
-    g.prune()
-    assert g.count_edges() <= before and g.count_edges() == g.count_edges(on_path=True)
-    for node in g.nodes.values():
-        if node.in_graph and node.name not in ("input", "logits"):
-            assert any(e.in_graph for e in node.parent_edges), node
-            assert any(e.in_graph for e in node.child_edges), node
-    g.head_mask[1, 2] = 0.5
-    path = tmp_path / "circuit.json"
-    g.to_json(path)
-    import json
-    d = json.loads(path.read_text())
-    assert set(d) >= {"cfg", "nodes", "edges"} and d["cfg"]["n_layers"] == 2
-    assert d["edges"]["input->a0.h1<q>"].keys() == {"score", "in_graph"}
-    assert all(set(v) == {"in_graph"} for v in d["nodes"].values())
-    h = Graph.from_json(path, CONFIGS["llama"]())
-    assert torch.equal(h.in_graph, g.in_graph) and torch.equal(h.scores[g.valid], g.scores[g.valid])
-    assert torch.equal(h.head_mask, g.head_mask)
-    g.to_json(tmp_path / "circuit.json.gz")  # gzipped, for large graphs
-    import gzip
-    assert json.loads(gzip.decompress((tmp_path / "circuit.json.gz").read_bytes())) == d
-    z = Graph.from_json(tmp_path / "circuit.json.gz", CONFIGS["llama"]())
-    assert torch.equal(z.in_graph, g.in_graph) and torch.equal(z.scores, h.scores)
-    image = tmp_path / "circuit.png"
-    g.to_image(image)
-    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 # ------------------------------------------------------------------ refusals
 
 def test_unsupported_architecture_is_refused():
@@ -519,64 +402,3 @@ def test_unhandled_configs_are_refused(family, setting):
         setattr(cfg, k, v)
     with pytest.raises(UnsupportedModelError, match="supports causal sequential blocks.*GPT-2"):
         Graph.from_model(cfg)
-
-
-# ------------------------------------------------------------------ evaluate
-
-def _dataset(model, n=10, seed=5):
-    """Rows of lengths 4..8 whose answer/distractor the corruption moves most."""
-    import datasets
-    return datasets.Dataset.from_dict(moved_token_rows(model, n, seed, (4, 8), vocab=100))
-
-
-@pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
-def test_evaluate_full_and_empty(lora):
-    model = make_model("gpt2", lora=lora)
-    g = Graph.from_model(model)
-    data = _dataset(model)
-    ref = reference_outputs(model, g, data, batch_size=4)
-    full = evaluate(model, g, data, batch_size=4, reference=ref)
-    assert abs(full["logit_diff_full"] - full["logit_diff_empty"]) > 0.1
-    assert abs(full["faithfulness"] - 1) < 1e-4 and abs(full["kl"]) < 1e-6
-    assert abs(full["logit_diff"] - full["logit_diff_full"]) < 1e-4
-    assert full["accuracy"] == full["accuracy_full"] and full["top1"] == full["top1_full"]
-    g.apply_topn(0)
-    empty = evaluate(model, g, dict(data.to_dict()), batch_size=3)  # dict of lists, own reference
-    assert abs(empty["faithfulness"]) < 1e-4 and empty["kl"] > 1e-3
-    assert abs(empty["logit_diff"] - empty["logit_diff_empty"]) < 1e-4
-
-
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_a_kept_corrupted_run_gives_the_same_metrics_bit_for_bit(family, monkeypatch):
-    import condense.patching as patching
-    model = make_model(family)
-    g = Graph.from_model(model)
-    data = _dataset(model)
-    kept = reference_outputs(model, g, data, batch_size=4, keep_ablated=True)
-    fresh = reference_outputs(model, g, data, batch_size=4)
-    assert len(kept.ablated) == 3 and fresh.ablated is None  # 10 rows in batches of 4
-    assert torch.equal(kept.empty_logit_diff, fresh.empty_logit_diff)
-    calls = []
-    real = patching.ablated_values
-    monkeypatch.setattr(patching, "ablated_values", lambda *a, **k: calls.append(1) or real(*a, **k))
-    g.scores = torch.randn(g.scores.shape, generator=torch.Generator().manual_seed(1))
-    for n in (5, 40):
-        g.apply_topn(n)
-        calls.clear()
-        reused = evaluate(model, g, data, batch_size=4, reference=kept, per_row=True)
-        assert not calls  # no corrupted forward: the kept one was used
-        again = evaluate(model, g, data, batch_size=4, reference=fresh, per_row=True)
-        assert len(calls) == 3
-        assert torch.equal(reused["per_row"]["logit_diff"], again["per_row"]["logit_diff"])
-        assert torch.equal(reused["per_row"]["kl"], again["per_row"]["kl"])
-    calls.clear()  # other batches than the kept ones: computed afresh
-    other = evaluate(model, g, data, batch_size=3, reference=kept, per_row=True)
-    assert len(calls) == 4
-    assert torch.allclose(other["per_row"]["logit_diff"], again["per_row"]["logit_diff"], atol=1e-5)
-    # a neuron mask needs the MLP hidden units, which the kept run did not record: recomputed
-    g.neuron_mask = (torch.rand(g.neuron_mask.shape, generator=torch.Generator().manual_seed(2)) < 0.5).float()
-    calls.clear()
-    masked = evaluate(model, g, data, batch_size=4, reference=kept, per_row=True)
-    assert len(calls) == 3
-    assert torch.equal(masked["per_row"]["logit_diff"],
-                       evaluate(model, g, data, batch_size=4, reference=fresh, per_row=True)["per_row"]["logit_diff"])

@@ -16,7 +16,7 @@ from condense.models import load_model  # noqa: E402
 from condense.patching import run_graph  # noqa: E402
 from condense.quantized import dequantized_weight, is_quantized_linear, pin_dequantized_compute  # noqa: E402
 
-from .test_graph import TOL, make_model, prompts  # noqa: E402
+from .tiny import TOL, make_model, prompts  # noqa: E402
 
 # bitsandbytes quantizes in blocks of 64 inputs: the tiny configs need a width of 64
 WIDE = dict(gpt2=dict(n_embd=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
