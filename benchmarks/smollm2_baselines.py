@@ -2,7 +2,8 @@
 condense runs, then one table of smallest faithful circuits, CPR/CMD and ranking times.
 
     HF_HUB_OFFLINE=1 python benchmarks/smollm2_baselines.py [--out runs/smollm2_baselines]
-        [--jobs 2] [--only eap_ig] [--row-check 128,256] [--json PATH] [--keep-circuits]
+        [--jobs 2] [--only eap_ig] [--tasks docstring] [--row-check 128,256] [--json PATH]
+        [--keep-circuits]
 
 Each run is `python condense/train.py --recipe <recipe> output_dir=<out>/<method>_<task>` in its
 own process (`--jobs` at a time, one torch thread each); a run whose metrics.json exists is
@@ -31,12 +32,14 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
 
 
-def recipes(only):
+def recipes(only, tasks=()):
     found = []
     for path in sorted(glob.glob(os.path.join(ROOT, "recipes", "*", "smollm2_*.yaml"))):
         method = os.path.basename(os.path.dirname(path))
         task = os.path.basename(path)[len("smollm2_"):-len(".yaml")]
         if method not in ATTRIBUTION_METHOD or (only and method not in only):  # scoring only
+            continue
+        if tasks and task not in tasks:
             continue
         found.append((method, task, path, []))
     return found
@@ -62,9 +65,12 @@ def run_one(job, out):
     start = time.time()
     with open(os.path.join(out, name + ".log"), "w") as logf:
         rc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
-    status = f"exit {rc} after {time.time() - start:.0f}s"
-    print(f"[baselines] {name}: {status}", flush=True)
-    return name, folder, status
+    seconds = time.time() - start
+    print(f"[baselines] {name}: exit {rc} after {seconds:.0f}s", flush=True)
+    if rc == 0:  # the whole process (loading, ranking, curves, search, test), for the budget
+        with open(os.path.join(folder, "process_seconds.txt"), "w") as f:
+            f.write(f"{seconds:.1f}\n")
+    return name, folder, rc
 
 
 def summary(out, jobs):
@@ -76,6 +82,8 @@ def summary(out, jobs):
             continue
         with open(path) as f:
             m = json.load(f)
+        timed = os.path.join(out, name, "process_seconds.txt")
+        process = float(open(timed).read()) if os.path.exists(timed) else None
         rows.append(dict(run=name, method=method, task=task, recipe=os.path.relpath(recipe, ROOT),
                          overrides=overrides, edges=m["edges"], total_edges=m["total_edges"],
                          faithful_on_val=m["faithful_on_val"], faithfulness_val=m["faithfulness_val"],
@@ -83,7 +91,9 @@ def summary(out, jobs):
                          accuracy_full=m["accuracy_full"], kl=m["kl"], cpr=m["cpr"], cmd=m["cmd"],
                          rank_seconds=m["rank_seconds"], n_train=m["n_train"], n_val=m["n_val"],
                          n_test=m["n_test"],
-                         wall_seconds=m["rank_seconds"] + m["curve_seconds"] + m["search_seconds"]))
+                         wall_seconds=m["rank_seconds"] + m["curve_seconds"] + m["search_seconds"],
+                         curve_seconds=m["curve_seconds"], search_seconds=m["search_seconds"],
+                         process_seconds=process))
     eap = {r["task"]: r["rank_seconds"] for r in rows if r["method"] == "eap" and not r["overrides"]}
     for r in rows:
         r["rank_time_vs_eap"] = r["rank_seconds"] / eap[r["task"]] if r["task"] in eap else None
@@ -149,6 +159,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
+    ap.add_argument("--tasks", default="", help=f"comma-separated tasks (default: all of "
+                                                 f"{', '.join(TASK_ORDER)})")
     ap.add_argument("--row-check", default="128", type=row_counts,
                     help="comma-separated row counts (train = val) for EAP-IG IOI reruns, each "
                          "compared with the run of half as many rows ('' skips the check)")
@@ -158,9 +170,13 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the table's rows here")
     args = ap.parse_args(argv)
     only = [m for m in args.only.split(",") if m]
-    jobs = recipes(only)
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = sorted(set(tasks) - set(TASK_ORDER))
+    if unknown:
+        ap.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASK_ORDER)}")
+    jobs = recipes(only, tasks)
     counts = [] if args.no_double else args.row_check
-    if not only or "eap_ig" in only:
+    if (not only or "eap_ig" in only) and (not tasks or "ioi" in tasks):
         for n in counts:
             jobs.insert(1, ("eap_ig", "ioi", os.path.join(ROOT, "recipes", "eap_ig", "smollm2_ioi.yaml"),
                             [f"n_train={n}", f"n_val={n}"]))
