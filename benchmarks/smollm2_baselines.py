@@ -6,7 +6,7 @@ condense runs, then one table of smallest faithful circuits, CPR/CMD and ranking
         [--keep-circuits]
 
 Each run is `python condense/train.py --recipe <recipe> output_dir=<out>/<method>_<task>` in its
-own process (`--jobs` at a time, one torch thread each); a run whose metrics.json exists is
+own process (`--jobs` at a time, `--threads` torch threads each, default one); a run whose metrics.json exists is
 not rerun, so an interrupted benchmark resumes. The row check reruns EAP-IG on IOI with more
 train and val rows (`--row-check 128,256`: `n_train=n_val=128`, then 256) and compares the
 smallest faithful sizes of each doubling.
@@ -51,7 +51,7 @@ def run_name(method, task, overrides):
     return f"{method}_{task}" + (f"_rows{rows[0]}" if rows else "")
 
 
-def run_one(job, out):
+def run_one(job, out, threads=1):
     method, task, recipe, overrides = job
     name = run_name(method, task, overrides)
     folder = os.path.join(out, name)
@@ -59,9 +59,9 @@ def run_one(job, out):
         return name, folder, "done before"
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, os.path.join(ROOT, "condense", "train.py"), "--recipe", recipe,
-           f"output_dir={folder}", "threads=1", *overrides]
+           f"output_dir={folder}", f"threads={threads}", *overrides]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS=str(threads))
     start = time.time()
     with open(os.path.join(out, name + ".log"), "w") as logf:
         rc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
@@ -157,7 +157,9 @@ def keep_circuits(rows, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (--jobs 1 "
+                    "--threads 2: each run alone on a 2-core machine)")
     ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
     ap.add_argument("--tasks", default="", help=f"comma-separated tasks (default: all of "
                                                  f"{', '.join(TASK_ORDER)})")
@@ -185,7 +187,7 @@ def main(argv=None):
     jobs.sort(key=lambda j: (-weight.get(j[0], 1), -len(j[3])))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda j: run_one(j, args.out), jobs))
+        list(pool.map(lambda j: run_one(j, args.out, args.threads), jobs))
     rows = summary(args.out, jobs)
     check = row_check(rows)
     print(markdown(rows))
