@@ -57,6 +57,21 @@ def run_one(out, variant, task, seed, extra):
     return folder
 
 
+def keep_recipe(src, dst):
+    """The kept recipe names its new folder (its first-line command and output_dir), so that
+    `condense run --recipe <checkpoint>/recipe.yaml` resumes there, not in the grid's folder."""
+    path = os.path.join(dst, "recipe.yaml")
+    if not os.path.exists(path):
+        return
+    with open(os.path.join(src, "recipe.yaml")) as f:
+        old = f.read()
+    run_dir = next((line.split(":", 1)[1].strip() for line in old.splitlines()
+                    if line.startswith("output_dir:")), None)
+    if run_dir:
+        with open(path, "w") as f:
+            f.write(old.replace(run_dir, os.path.relpath(dst, ROOT)))
+
+
 def verify(folder, max_edges):
     with open(os.path.join(folder, "metrics.json")) as f:
         if json.load(f)["edges"] > max_edges:
@@ -163,6 +178,7 @@ def main(argv=None):
                 for name in KEEP:
                     if os.path.exists(os.path.join(src, name)):
                         shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+                keep_recipe(src, dst)
     if args.json:
         from condense.artifacts import write_json
         write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(

@@ -4,8 +4,9 @@
         [--roles runs/s3martcirc_bench_smollm2/ioi/roles.json]
         [--circuit EAP-IG=checkpoints/eap_ig_smollm2_ioi/circuit.json.gz]
         [--circuit C1=checkpoints/condense_smollm2_ioi/circuit.json] [--model smollm2-135m]
-        (default circuits: EAP-IG, the shipped C1, the previous recipe's 45-edge C1 and the C1
-        over the 4-bit base, all SmolLM2 IOI)
+        (default circuits: EAP-IG, the shipped C1, the 11-edge C1 found before the grouped-query
+        attention fix, the previous recipe's 45-edge C1 and the C1 over the 4-bit base, all
+        SmolLM2 IOI)
         [--json PATH]
 
 A head is *kept* by an edge circuit when one of its edges is on an input -> logits path (the
@@ -47,6 +48,8 @@ def main(argv=None):
     circuits = args.circuit or [
         "EAP-IG=" + os.path.join(ROOT, "checkpoints", "eap_ig_smollm2_ioi", "circuit.json.gz"),
         "C1=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi", "circuit.json"),
+        "C1 11-edge=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi_before_gqa_fix",
+                                     "circuit.json"),
         "C1 45-edge=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_ioi_fp32", "circuit.json"),
         "C1 4-bit=" + os.path.join(ROOT, "checkpoints", "condense_smollm2_4bit_ioi", "circuit.json")]
     bad = [spec for spec in circuits if "=" not in spec or not os.path.exists(spec.split("=", 1)[1])]
