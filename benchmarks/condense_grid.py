@@ -60,16 +60,10 @@ def run_one(out, variant, task, seed, extra):
 def keep_recipe(src, dst):
     """The kept recipe names its new folder (its first-line command and output_dir), so that
     `condense run --recipe <checkpoint>/recipe.yaml` resumes there, not in the grid's folder."""
-    path = os.path.join(dst, "recipe.yaml")
-    if not os.path.exists(path):
-        return
-    with open(os.path.join(src, "recipe.yaml")) as f:
-        old = f.read()
-    run_dir = next((line.split(":", 1)[1].strip() for line in old.splitlines()
-                    if line.startswith("output_dir:")), None)
-    if run_dir:
-        with open(path, "w") as f:
-            f.write(old.replace(run_dir, os.path.relpath(dst, ROOT)))
+    from condense.runs import load_config, recipe_text
+    cfg = load_config(os.path.join(src, "recipe.yaml"), [f"output_dir={os.path.relpath(dst, ROOT)}"])
+    with open(os.path.join(dst, "recipe.yaml"), "w") as f:
+        f.write(recipe_text(cfg))
 
 
 def verify(folder, max_edges):
@@ -176,7 +170,7 @@ def main(argv=None):
                     and not (os.path.exists(dst) and os.path.samefile(src, dst))):
                 os.makedirs(dst, exist_ok=True)
                 for name in KEEP:
-                    if os.path.exists(os.path.join(src, name)):
+                    if os.path.exists(os.path.join(src, name)) and name != "recipe.yaml":
                         shutil.copy(os.path.join(src, name), os.path.join(dst, name))
                 keep_recipe(src, dst)
     if args.json:

@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from condense.methods.scoring import ATTRIBUTION_METHOD
+from condense_grid import keep_recipe  # the kept recipe names its checkpoint folder
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
@@ -150,8 +151,9 @@ def keep_circuits(rows, out):
         with open(os.path.join(src, "circuit.json"), "rb") as f, \
                 gzip.open(os.path.join(dst, "circuit.json.gz"), "wb") as g:
             shutil.copyfileobj(f, g)
-        for name in ("metrics.json", "curve.png", "recipe.yaml"):
+        for name in ("metrics.json", "curve.png"):
             shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+        keep_recipe(src, dst)
 
 
 def main(argv=None):
@@ -172,6 +174,8 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the table's rows here")
     args = ap.parse_args(argv)
     only = [m for m in args.only.split(",") if m]
+    if args.jobs < 1 or args.threads < 1:
+        ap.error(f"--jobs and --threads must be at least 1, got {args.jobs} and {args.threads}")
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = sorted(set(tasks) - set(TASK_ORDER))
     if unknown:
