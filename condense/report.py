@@ -288,6 +288,8 @@ def rounds_chart(rounds: list) -> str:
     if any(r.get("faithfulness") is not None for r in rounds):
         series.append(("faithfulness", [min(max(r.get("faithfulness") or 0, 0), 1) for r in rounds],
                        "#e07b00", "right"))
+    if any(r.get("top1_agreement") is not None for r in rounds):
+        series.append(("top-1 agreement", [r.get("top1_agreement") for r in rounds], "#8a3fbf", "right"))
     return line_chart("Rounds: circuit size and gate metrics (filled: accepted, red: rejected)",
                       xs, series, log_y_first=True, x_label="round",
                       markers=[bool(r.get("accepted")) for r in rounds])

@@ -74,6 +74,7 @@ def test_run_writes_artifacts(full_run, tiny_model):
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert all(r["accepted"] for r in rounds)
     assert rounds[0]["edges"] > rounds[-1]["edges"] == metrics["edges"]
+    assert all(0 <= r["top1_agreement"] <= 1 for r in rounds)  # the gate's, on val
     for key in ("edges", "accuracy", "logit_diff", "faithfulness", "kl", "top1_agreement",
                 "ppl_ratio", "wall_seconds"):
         assert key in metrics
@@ -560,6 +561,6 @@ def test_final_heal_is_gated_recorded_and_undone_when_its_settings_change(tiny_m
         f"{json.load(open(os.path.join(out, 'state', 'state.json')))['accepted_round']:04d}.safetensors"
     # a gate no final heal can pass: the adapter of the last accepted round stays
     monkeypatch.setattr(loop.Gate, "__call__", lambda self, model, circuit: (False, dict(
-        accuracy=0.0, accuracy_empty=0.0, ppl_ratio=1.0, kl=1.0, faithfulness=0.0)))
+        accuracy=0.0, accuracy_empty=0.0, ppl_ratio=1.0, kl=1.0, top1_agreement=0.0, faithfulness=0.0)))
     rejected = _run(recipe, "final_heal_steps=5", f"output_dir={out}")
     assert not rejected["final_heal"]["accepted"] and same(before, adapter(out))

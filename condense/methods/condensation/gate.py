@@ -63,7 +63,8 @@ class Gate:
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
         verdict = ok_acc and ok_empty and ok_ppl and ok_f, dict(
             accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
-            kl=m["kl"], faithfulness=m["faithfulness"], gate_accuracy=ok_acc,
+            kl=m["kl"], top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
+            gate_accuracy=ok_acc,
             gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
         self._verdict = (adapter, circuit.in_graph.clone(), verdict)
         return verdict

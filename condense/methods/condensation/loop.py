@@ -97,7 +97,11 @@ def plot_rounds(rounds, path, title):
     ax.set_xlabel("round (x = rejected)")
     ax.set_ylabel("edges", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(r, [x["accuracy"] for x in rounds], "s--", color="tab:green")
+    ax2.plot(r, [x["accuracy"] for x in rounds], "s--", color="tab:green", label="val accuracy")
+    if any("top1_agreement" in x for x in rounds):  # runs before it was recorded lack it
+        ax2.plot(r, [x.get("top1_agreement", float("nan")) for x in rounds], "^:",
+                 color="tab:purple", label="val top-1 agreement")
+        ax2.legend(loc="lower left", fontsize=8)
     ax2.set_ylabel("val accuracy", color="tab:green")
     ax2.set_ylim(0, 1.05)
     ax.set_title(title)
@@ -198,7 +202,7 @@ class _Loop:
         ok = self._agreed(ok)
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
                       accuracy=g["accuracy"], accuracy_empty=g["accuracy_empty"],
-                      ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], top1_agreement=g["top1_agreement"],
                       faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
                       heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
@@ -265,11 +269,13 @@ class _Loop:
             load_adapter_state(model, before)
         record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
                       edges=circuit.count_edges(on_path=True), accuracy=g["accuracy"],
-                      accuracy_empty=g["accuracy_empty"], ppl_ratio=g["ppl_ratio"], kl=g["kl"], faithfulness=g["faithfulness"],
+                      accuracy_empty=g["accuracy_empty"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
+                      top1_agreement=g["top1_agreement"], faithfulness=g["faithfulness"],
                       heal_loss=losses[-1] if losses else None, time=time.perf_counter() - t0,
                       from_adapter=state["adapter_file"])
         log(f"final heal ({cfg.final_heal_steps} steps, {len(rows)} rows): val accuracy "
-            f"{record['accuracy']:.3f}, KL {record['kl']:.4f}, ppl ratio {record['ppl_ratio']:.4f}, "
+            f"{record['accuracy']:.3f}, KL {record['kl']:.4f}, top-1 agreement "
+            f"{record['top1_agreement']:.3f}, ppl ratio {record['ppl_ratio']:.4f}, "
             f"f {record['faithfulness']:.3f}: "
             f"{'kept' if ok else 'rejected, the last accepted adapter kept'}")
         state["final_heal"] = record
@@ -359,7 +365,7 @@ def run_condense(ctx: RunContext) -> dict:
 
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
 _NOT_GATED = dict(accuracy=math.nan, accuracy_empty=math.nan, ppl_ratio=math.nan, kl=math.nan,
-                  faithfulness=math.nan, gate_empty=True)
+                  top1_agreement=math.nan, faithfulness=math.nan, gate_empty=True)
 
 
 class _Skip(Exception):
