@@ -162,6 +162,8 @@ def test_report_of_an_organism_condensation_with_verify_and_explain(tmp_path):
     dom, console = render(page, tmp_path)
     check_page(dom, console, out)
     assert "Not verified yet" in dom and "Rounds: circuit size" in dom
+    rounds_svg = re.search(r"<svg(?:(?!</svg>).)*Rounds: circuit size.*?</svg>", dom, re.S).group(0)
+    assert ">top-1 agreement<" in rounds_svg  # each round's, from rounds.jsonl
     verify_run(out, n=16, progress=False)
     assert explain_main([out, "--n-contexts", "4", "--n-task", "8", "--n-general", "4"]) == 0
     dom, console = render(page, tmp_path, "#edges=all")
