@@ -19,36 +19,47 @@ import sys
 import time
 
 
-def search(run_dir: str, val_rows: list, threads: int = 1) -> list:
+def check_run(run_dir: str):
+    """The run's folder read, or a one-line error: it must be a scoring run (every edge scored)."""
+    from condense.methods.scoring import ATTRIBUTION_METHOD
+    from condense.runs import read_run
+    try:
+        run = read_run(run_dir, "search")
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    if run.config.method not in ATTRIBUTION_METHOD:
+        raise SystemExit(f"{run_dir}: a {run.config.method!r} run; give a scoring run's folder "
+                         f"(one of {', '.join(ATTRIBUTION_METHOD)}), whose circuit.json scores every edge")
+    if not os.path.exists(os.path.join(run_dir, "metrics.json")):
+        raise SystemExit(f"{run_dir}: no metrics.json (the run did not finish)")
+    return run
+
+
+def search(run, val_rows: list, threads: int = 1) -> list:
     from condense import tasks
     from condense.curves import smallest_faithful
-    from condense.runs import read_run
 
-    run = read_run(run_dir, "search")
     cfg = run.config
     net, tokenizer, _ = run.load_model(threads=threads)
     graph = run.circuit(net)
-    out = []
-    with open(os.path.join(run_dir, "metrics.json")) as f:
+    with open(os.path.join(run.path, "metrics.json")) as f:
         recorded = json.load(f)
+    out = []
     for n in val_rows:
-        start = time.time()
+        cell = dict(run=run.path, method=cfg.method, task=cfg.task, n_train=cfg.n_train, n_val=n)
         if n == cfg.n_val:  # the run's own search: recorded, not repeated
-            out.append(dict(run=run_dir, method=cfg.method, task=cfg.task, n_train=cfg.n_train,
-                            n_val=n, edges=recorded["edges"] if recorded["faithful_on_val"] else None,
+            out.append(dict(cell, edges=recorded["edges"] if recorded["faithful_on_val"] else None,
                             n=recorded["n_requested"], faithfulness=recorded["faithfulness_val"],
                             evaluated=recorded.get("search_evaluated"), recorded=True))
             continue
+        start = time.time()
         rows = tasks.load_task(cfg.task, tokenizer, "val", n=n, seed=cfg.seed)
         found = smallest_faithful(net, graph, rows, threshold=cfg.faithfulness_threshold,
                                   absolute=cfg.absolute_scores, intervention=cfg.intervention,
                                   batch_size=cfg.batch_size, resolution=cfg.search_resolution,
                                   progress=lambda t, n=n: print(f"  {n} val rows: {t}", flush=True))
-        out.append(dict(run=run_dir, method=cfg.method, task=cfg.task, n_train=cfg.n_train,
-                        n_val=n, edges=found.edges if found.graph is not None else None,
-                        n=found.n, faithfulness=found.faithfulness,
-                        evaluated={str(k): dict(faithfulness=f, edges=e)
-                                   for k, (f, e) in sorted(found.evaluated.items())},
+        out.append(dict(cell, edges=found.edges if found.graph is not None else None, n=found.n,
+                        faithfulness=found.faithfulness, evaluated=found.evaluated_json(),
                         seconds=time.time() - start))
         print(json.dumps({k: v for k, v in out[-1].items() if k != "evaluated"}), flush=True)
     return out
@@ -82,8 +93,9 @@ def main(argv=None):
         ap.error(f"--val: expected comma-separated row counts such as 64,256, got {args.val!r}")
     if not val_rows or min(val_rows) < 2 or args.threads < 1:
         ap.error("--val needs row counts of at least 2 and --threads at least 1")
+    runs = [check_run(run_dir) for run_dir in args.runs]  # every folder before any search
     start = time.time()
-    results = [r for run_dir in args.runs for r in search(run_dir, val_rows, args.threads)]
+    results = [r for run in runs for r in search(run, val_rows, args.threads)]
     print(table(results))
     if args.json:
         from condense.artifacts import write_json

@@ -116,6 +116,10 @@ class FaithfulCircuit:
     graph: object
     evaluated: dict = field(default_factory=dict)  # n -> (faithfulness, circuit size)
 
+    def evaluated_json(self) -> dict:
+        """The search's evaluations as JSON: {"n": {"faithfulness", "edges"}}, by n."""
+        return {str(n): dict(faithfulness=f, edges=e) for n, (f, e) in sorted(self.evaluated.items())}
+
 
 def smallest_faithful(model, graph, dataset, threshold: float = 0.9, absolute: bool = True,
                       intervention: str = "patching", batch_size: int = 32, means=None,

@@ -98,8 +98,7 @@ def run(ctx: RunContext) -> dict:
         rank_seconds=rank_seconds, curve_seconds=curve_seconds, search_seconds=search_seconds,
         n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
         curve_signed=_curve_points(curves["signed"]), curve_absolute=_curve_points(curves["absolute"]),
-        search_evaluated={str(n): dict(faithfulness=f, edges=e)
-                          for n, (f, e) in sorted(found.evaluated.items())})
+        search_evaluated=found.evaluated_json())
 
     plot_curve({"signed scores": curves["signed"], "|scores|": curves["absolute"]}, ctx.path("curve.png"),
                title=f"{cfg.method} on {cfg.task} (val): faithfulness of top-n circuits")

@@ -102,7 +102,8 @@ def plot_rounds(rounds, path, title):
         ax2.plot(r, [x.get("top1_agreement", float("nan")) for x in rounds], "^:",
                  color="tab:purple", label="val top-1 agreement")
         ax2.legend(loc="lower left", fontsize=8)
-    ax2.set_ylabel("val accuracy", color="tab:green")
+    ax2.set_ylabel("val accuracy" + (" / top-1 agreement" if any("top1_agreement" in x for x in rounds)
+                                     else ""), color="tab:green")
     ax2.set_ylim(0, 1.05)
     ax.set_title(title)
     fig.tight_layout()
@@ -201,9 +202,7 @@ class _Loop:
             ok, g = False, _NOT_GATED
         ok = self._agreed(ok)
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
-                      accuracy=g["accuracy"], accuracy_empty=g["accuracy_empty"],
-                      ppl_ratio=g["ppl_ratio"], kl=g["kl"], top1_agreement=g["top1_agreement"],
-                      faithfulness=g["faithfulness"], heal_loss=losses[-1] if losses else None,
+                      **_gate_fields(g), heal_loss=losses[-1] if losses else None,
                       heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
@@ -268,9 +267,7 @@ class _Loop:
         if not ok:
             load_adapter_state(model, before)
         record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
-                      edges=circuit.count_edges(on_path=True), accuracy=g["accuracy"],
-                      accuracy_empty=g["accuracy_empty"], ppl_ratio=g["ppl_ratio"], kl=g["kl"],
-                      top1_agreement=g["top1_agreement"], faithfulness=g["faithfulness"],
+                      edges=circuit.count_edges(on_path=True), **_gate_fields(g),
                       heal_loss=losses[-1] if losses else None, time=time.perf_counter() - t0,
                       from_adapter=state["adapter_file"])
         log(f"final heal ({cfg.final_heal_steps} steps, {len(rows)} rows): val accuracy "
@@ -363,9 +360,14 @@ def run_condense(ctx: RunContext) -> dict:
     return loop.finish()
 
 
+# what a round's (and the final heal's) record keeps of the gate's verdict
+GATE_FIELDS = ("accuracy", "accuracy_empty", "ppl_ratio", "kl", "top1_agreement", "faithfulness")
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
-_NOT_GATED = dict(accuracy=math.nan, accuracy_empty=math.nan, ppl_ratio=math.nan, kl=math.nan,
-                  top1_agreement=math.nan, faithfulness=math.nan, gate_empty=True)
+_NOT_GATED = dict({k: math.nan for k in GATE_FIELDS}, gate_empty=True)
+
+
+def _gate_fields(g: dict) -> dict:
+    return {k: g[k] for k in GATE_FIELDS}
 
 
 class _Skip(Exception):
