@@ -170,6 +170,17 @@ def test_faithfulness_gate_decides_rounds(tiny_model, tmp_path):
     assert all(r["accepted"] == (r["faithfulness"] >= 0.97) for r in gated)
 
 
+def test_top1_gate_decides_rounds(tmp_path):
+    # the trained organism (a random model's top token never moves); lax accuracy and
+    # perplexity gates, so top-1 agreement >= gate_top1_agreement alone decides
+    out = str(tmp_path / "out")
+    _run(_recipe(tmp_path, ORGANISM, max_rounds=8, gate_top1_agreement=0.95, n_val=16,
+                 prune_fraction=0.5), "heal=false", f"output_dir={out}")
+    gated = [r for r in _rounds(out) if not r["note"]]
+    assert {r["accepted"] for r in gated} == {True, False}  # this seed: both outcomes
+    assert all(r["accepted"] == (r["top1_agreement"] >= 0.95) for r in gated)
+
+
 def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
     import condense.runs as runs
 
@@ -185,6 +196,7 @@ def test_unknown_key_fails_before_model_load(tmp_path, monkeypatch):
                           ("heal_stop_loss=-1", "heal_stop_loss"),
                           ("heal_general_batch=0", "heal_general_batch"),
                           ("gate_faithfulness=1.5", "gate_faithfulness"),
+                          ("gate_top1_agreement=-0.1", "gate_top1_agreement"),
                           ("min_prune_fraction=0.5", "min_prune_fraction")):
         with pytest.raises(RecipeError, match=key):
             _run(_recipe(tmp_path, "nowhere"), override, f"output_dir={tmp_path / 'o'}")

@@ -260,12 +260,12 @@ def test_minimality_needs_every_proper_subset():
 
 # ------------------------------------------------------------------ refusals and the CLI
 
-def write_run(path, model_path, graph, task="ioi", adapter_model=None, method="eap"):
+def write_run(path, model_path, graph, task="ioi", adapter_model=None, method="eap", **recipe):
     os.makedirs(path, exist_ok=True)
     graph.to_json(os.path.join(path, "circuit.json"))
     with open(os.path.join(path, "recipe.yaml"), "w") as f:
         yaml.safe_dump(dict(method=method, model=str(model_path), task=task, intervention="patching",
-                            faithfulness_threshold=0.9, seed=0, batch_size=4), f)
+                            faithfulness_threshold=0.9, seed=0, batch_size=4, **recipe), f)
     if adapter_model is not None:
         adapter_model.save_pretrained(path)
 
@@ -345,7 +345,8 @@ def test_a_condensation_run_is_judged_against_the_original_model(tmp_path, organ
     names = ["input->a0.h0<v>", "a0.h0->a1.h1<k>", "a1.h1->logits", "input->logits"]
     g = circuit(net, names)
     run = tmp_path / "run"
-    write_run(run, model_dir, g, adapter_model=net, method="condense")
+    # a gate on top-1 agreement too: the circuit and its minimal subsets are held to it
+    write_run(run, model_dir, g, adapter_model=net, method="condense", gate_top1_agreement=0.9)
     report = verify_run(str(run), n=8, progress=False)
 
     rows = tasks.load_task("ioi", organism_tokenizer, "test", n=8, seed=0)
@@ -362,6 +363,15 @@ def test_a_condensation_run_is_judged_against_the_original_model(tmp_path, organ
     assert report["accuracy_reference"] == pytest.approx(want["accuracy_full"])
     assert report["accuracy_full_model"] == pytest.approx(adapted["accuracy_full"])
     assert report["accuracy_floor"] == pytest.approx(want["accuracy_full"] - 0.05, abs=1e-6)
+    assert report["top1_floor"] == 0.9
+    assert report["top1_agreement_circuit"] == pytest.approx(want["top1_agreement"])
+    assert report["circuit_passes_top1"] == (want["top1_agreement"] >= 0.9)
+    minimal = report["minimal_faithful_subsets"]
+    assert minimal and len(report["minimal_faithful_top1_agreement"]) == len(minimal)
+    for names_k, agreement in zip(minimal, report["minimal_faithful_top1_agreement"]):
+        sub = evaluate(net, circuit(net, names_k), rows, batch_size=4,
+                       reference=EvalReference(original, own.empty_logit_diff, "patching"))
+        assert agreement == pytest.approx(sub["top1_agreement"])
 
 
 def test_accuracy_criterion_and_the_runs_own_rule():
@@ -384,7 +394,8 @@ def test_accuracy_criterion_and_the_runs_own_rule():
     vacuous, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, None, 0.05, acc, 0.4)
     assert vacuous["empty_passes"] and vacuous["minimal_faithful_subsets"] == [[]]
     assert run_criterion(CondenseConfig(gate_accuracy_tol=0.03)) == dict(
-        criterion="accuracy", accuracy_tol=0.03, threshold=0.9)
+        criterion="accuracy", accuracy_tol=0.03, threshold=0.9, top1_floor=None)
+    assert run_criterion(CondenseConfig(gate_top1_agreement=0.95))["top1_floor"] == 0.95
     assert run_criterion(CondenseConfig(gate_faithfulness=0.8))["criterion"] == "both"
     assert run_criterion(ScoringConfig())["criterion"] == "faithfulness"
 

@@ -14,7 +14,10 @@ one, and on `--n` rows of `--split`:
   base with the adapter off; f >= gate_faithfulness too when the run gated on it, f taken
   against the original's logit difference as the gate takes it), so that the circuit the gate
   accepted is judged by the same rule and "irreducible" is a finding, not a consequence of a
-  stricter rule. `--criterion faithfulness|accuracy|both` chooses another. "Faithful" in verify.json
+  stricter rule. A run that gated on top-1 agreement too (gate_top1_agreement) has the
+  circuit and its minimal subsets checked against that floor (check_top1: not every subset,
+  which would need the whole vocabulary; the floor can only remove passing subsets, so
+  "irreducible" holds under the whole rule). `--criterion faithfulness|accuracy|both` chooses another. "Faithful" in verify.json
   means "passes the criterion" (`criterion`, `threshold`, `accuracy_floor` say which).
   Reported: the minimal faithful subsets (faithful, no proper subset faithful), whether the
   circuit is irreducible (no proper subset faithful), faithful subsets per size;
@@ -156,12 +159,16 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    method: str = "auto", max_edges: int = DEFAULT_MAX_EDGES, progress=None,
                    criterion: str = "faithfulness", accuracy_tol: float = 0.05,
                    local: bool = False, reference_logits: Optional[torch.Tensor] = None,
-                   reference_name: str = "full model") -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   reference_name: str = "full model",
+                   top1_floor: Optional[float] = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
     `model`'s full graph, or `reference_logits` [rows, vocab] when given (named `reference_name`:
     for a condensation run the original model's, adapter off, as its gate judges).
+    `top1_floor` (a run gated on top-1 agreement): the circuit's top-1 agreement with the
+    reference, and each listed minimal subset's, are measured too and held to it (not every
+    subset's: each needs the whole vocabulary; see check_top1).
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
     `local`: the one- and two-edge removals only (see analyse_local), any size, and
     (report, None, None)."""
@@ -201,6 +208,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
             n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
             timing=dict(reference_s=reference_s, subsets_s=subsets_s,
                         subset_prompts_per_s=len(masks) * evaluator.n_rows / subsets_s))
+        if top1_floor is not None:
+            report.update(check_top1(evaluator, reference, full, [], top1_floor))
         return report, None, None
     ld, accuracy = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress,
                                               with_accuracy=True)
@@ -218,7 +227,45 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                             analysis_s=time.perf_counter() - start,
                             subsets_per_s=2 ** n / subsets_s,
                             subset_prompts_per_s=2 ** n * evaluator.n_rows / subsets_s)
+    if top1_floor is not None:
+        report.update(check_top1(evaluator, reference, full, report["minimal_faithful_subsets"],
+                                 top1_floor))
     return report, f, minimal
+
+
+MAX_TOP1_CHECKED = 100  # minimal subsets whose top-1 agreement verify measures
+
+
+def check_top1(evaluator, reference, reference_logits, minimal_subsets, floor) -> dict:
+    """Top-1 agreement (the subset's top token over the whole vocabulary is the reference's)
+    of the circuit and of the first MAX_TOP1_CHECKED listed minimal subsets, against `floor`.
+
+    Subsets are judged by accuracy (and f) alone: a top-1 check needs every subset's whole
+    logit vector (2^n x rows x vocabulary), not just the answer and distractor logits. A floor
+    on top-1 agreement can only remove subsets from those that pass, so a circuit that passes
+    it and that the accuracy rule finds irreducible is irreducible under the gate's whole rule;
+    a minimal subset below the floor does not pass that whole rule (a superset of it may)."""
+    from condense.evaluate import EvalReference, evaluate
+
+    ref = EvalReference(reference_logits, reference.empty_logit_diff, evaluator.intervention)
+    graph = evaluator.graph
+    index = {name: i for i, name in enumerate(evaluator.edge_names)}
+
+    def top1(names):
+        mask = torch.zeros(graph.n_senders, graph.n_receivers)
+        for name in names:
+            s, r = evaluator.edges[index[name]]
+            mask[s, r] = 1.0
+        return evaluate(evaluator.model, graph, evaluator.cols, evaluator.intervention,
+                        evaluator.batch_size, means=evaluator.means, edge_mask=mask,
+                        reference=ref)["top1_agreement"]
+
+    circuit = top1(evaluator.edge_names)
+    subsets = [top1(names) for names in minimal_subsets[:MAX_TOP1_CHECKED]]
+    return dict(top1_floor=floor, top1_agreement_circuit=circuit,
+                circuit_passes_top1=bool(circuit >= floor - ACCURACY_EPS),
+                minimal_faithful_top1_agreement=subsets,
+                minimal_faithful_passing_top1=sum(a >= floor - ACCURACY_EPS for a in subsets))
 
 
 # ---------------------------------------------------------------- pictures
@@ -305,12 +352,16 @@ def run_criterion(cfg) -> dict:
     """How the run accepted its circuit, so that verification judges subsets the same way: a
     condensation run's gate (val accuracy within gate_accuracy_tol of the original's, and
     f >= gate_faithfulness when that is set; its perplexity guard does not depend on the
-    subset), otherwise faithfulness f >= faithfulness_threshold (the smallest-faithful search)."""
+    subset; a top-1 agreement floor, gate_top1_agreement, is checked on the circuit and its
+    minimal subsets: check_top1), otherwise faithfulness f >= faithfulness_threshold (the
+    smallest-faithful search)."""
     if cfg.method == "condense":
         both = cfg.gate_faithfulness > 0
         return dict(criterion="both" if both else "accuracy", accuracy_tol=cfg.gate_accuracy_tol,
-                    threshold=cfg.gate_faithfulness if both else cfg.faithfulness_threshold)
-    return dict(criterion="faithfulness", accuracy_tol=0.05, threshold=cfg.faithfulness_threshold)
+                    threshold=cfg.gate_faithfulness if both else cfg.faithfulness_threshold,
+                    top1_floor=cfg.gate_top1_agreement or None)
+    return dict(criterion="faithfulness", accuracy_tol=0.05, threshold=cfg.faithfulness_threshold,
+                top1_floor=None)
 
 
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
@@ -369,7 +420,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
         criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local,
-        reference_logits=reference_logits, reference_name=reference)
+        reference_logits=reference_logits, reference_name=reference,
+        top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
                   task=task, split=split, seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
@@ -453,7 +505,11 @@ def main(argv=None):
     print(f"{report['n_edges']} edges, f(C) = {report['faithfulness_circuit']:.3f}, accuracy "
           f"{report['accuracy_circuit']:.3f} (reference {report['accuracy_reference']:.3f}); passes "
           f"the {report['criterion']} criterion: {report['circuit_faithful']}; {verdict}; "
-          f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
+          + (f"top-1 agreement {report['top1_agreement_circuit']:.3f} (floor "
+             f"{report['top1_floor']:g}; {report['minimal_faithful_passing_top1']} of "
+             f"{len(report['minimal_faithful_top1_agreement'])} minimal subsets checked pass "
+             f"it); " if report.get("top1_floor") is not None else "")
+          + f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
           f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
           f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
     return 0

@@ -24,7 +24,8 @@ Each round:
    accuracy floor (`gate_empty_fails`; else the adapter answers from the corrupted run and
    the circuit's edges carry nothing); with `gate_faithfulness` > 0 also val faithfulness
    f(C) >= it (f against the original model's full logit difference, the empty circuit of
-   model+adapter).
+   model+adapter); with `gate_top1_agreement` > 0 also the fraction of val rows whose top-1
+   token (whole vocabulary) is the original model's >= it.
    A round whose heal loss turns NaN/inf is rejected (logged).
 On rejection the last accepted adapter and circuit are restored and the cut halves (at
 least `min_prune_fraction`); a rejected cut at that floor, or `max_rounds`, ends the run.

@@ -78,6 +78,10 @@ class CondenseConfig(RunConfig):
     gate_faithfulness: float = field(default=0.0, metadata={
         "help": "also require val faithfulness f(C) >= this (a faithful circuit: 0.9); "
                 "0 = the design's gate (accuracy and perplexity only)"})
+    gate_top1_agreement: float = field(default=0.0, metadata={
+        "help": "also require the circuit's val top-1 token (whole vocabulary) to equal the "
+                "original model's on at least this fraction of rows (e.g. 0.95); "
+                "0 = the design's gate (accuracy and perplexity only)"})
     n_general: int = field(default=64, metadata={
         "help": "blocks of held-out general text (val split) for the perplexity gate"})
     rank_at_circuit: bool = field(default=True, metadata={
@@ -115,6 +119,8 @@ class CondenseConfig(RunConfig):
             raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
         if not 0 <= self.gate_faithfulness <= 1:
             bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
+        if not 0 <= self.gate_top1_agreement <= 1:
+            bad("gate_top1_agreement", "must lie in [0, 1] (0: off)")
         if not 0 < self.prune_fraction <= 1:
             bad("prune_fraction", "must lie in (0, 1]")
         if not 0 < self.min_prune_fraction <= self.prune_fraction:

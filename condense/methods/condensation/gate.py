@@ -1,5 +1,5 @@
-"""The gate (held-out accuracy, perplexity and optionally faithfulness against the original
-model) and the circuit metrics condensation reports."""
+"""The gate (held-out accuracy, perplexity and optionally faithfulness and top-1 agreement
+against the original model) and the circuit metrics condensation reports."""
 import math
 
 import torch
@@ -20,7 +20,8 @@ from .healing import adapter_state
 class Gate:
     """Held-out checks against the original model (docs/design.md §5): the circuit's val
     accuracy holds, the empty circuit's (model with adapter, every edge ablated) does not
-    (`gate_empty_fails`), general-text perplexity holds, and optionally faithfulness.
+    (`gate_empty_fails`), general-text perplexity holds, and optionally faithfulness and
+    top-1 agreement.
 
     What the gate measures of the model alone (its empty circuit's logit difference on val,
     general-text perplexity) depends on the adapter, not on the circuit, and a whole verdict
@@ -61,11 +62,13 @@ class Gate:
         ok_empty = not cfg.gate_empty_fails or m["accuracy_empty"] < floor
         ok_ppl = bool(ratio <= cfg.gate_ppl_ratio)
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
-        verdict = ok_acc and ok_empty and ok_ppl and ok_f, dict(
+        ok_top1 = (cfg.gate_top1_agreement <= 0
+                   or bool(m["top1_agreement"] >= cfg.gate_top1_agreement - ACCURACY_EPS))
+        verdict = ok_acc and ok_empty and ok_ppl and ok_f and ok_top1, dict(
             accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
             kl=m["kl"], top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
             gate_accuracy=ok_acc,
-            gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f)
+            gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f, gate_top1=ok_top1)
         self._verdict = (adapter, circuit.in_graph.clone(), verdict)
         return verdict
 

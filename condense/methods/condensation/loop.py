@@ -206,7 +206,8 @@ class _Loop:
                       heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
-            f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}: {'accepted' if ok else 'rejected'}"
+            f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}, top-1 agreement "
+            f"{record['top1_agreement']:.3f}: {'accepted' if ok else 'rejected'}"
             + (f" ({note})" if note else "")
             + ("" if g["gate_empty"] else f"; the empty circuit passes too "
                f"(accuracy {record['accuracy_empty']:.3f})"))
