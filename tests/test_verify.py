@@ -16,7 +16,8 @@ from condense.evaluate import evaluate, reference_outputs
 from condense.graph import Graph
 from condense.patching import compute_means
 from condense.verify.subsets import SubsetEvaluator, subset_masks
-from condense.verify.run import CircuitTooLarge, analyse, main, verify_circuit, verify_run
+from condense.verify.analysis import analyse
+from condense.verify.run import CircuitTooLarge, main, verify_circuit, verify_run
 
 from .tiny import randomize_weights
 

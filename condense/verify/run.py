@@ -46,11 +46,11 @@ from typing import Optional
 import torch
 
 from condense.metrics import ACCURACY_EPS
+from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, local_masks
-from condense.verify.pairs import _median, judge, pair_interactions
+from condense.verify.pictures import plot_pairs, plot_subsets
 
 DEFAULT_MAX_EDGES = 20
-MAX_LISTED = 10000  # minimal faithful subsets written out by name (all are counted)
 
 
 class CircuitTooLarge(ValueError):
@@ -72,77 +72,6 @@ def count_circuit_edges(path):
     """In-graph edges of a MIB circuit.json, read without a model."""
     with open(path) as f:
         return sum(1 for e in json.load(f)["edges"].values() if e.get("in_graph"))
-
-
-# ---------------------------------------------------------------- analysis of a subset table
-
-def subset_sizes(n):
-    """Number of edges in each subset id 0 .. 2^n - 1."""
-    ids = torch.arange(2 ** n)
-    return ((ids[:, None] >> torch.arange(n)) & 1).sum(1) if n else torch.zeros(1, dtype=torch.long)
-
-
-def proper_subset_faithful(faithful, n):
-    """Bool [2^n]: some proper subset of the subset is faithful (sum over subsets, bit by bit)."""
-    below = faithful.clone()                 # after the loop: some subset (itself included)
-    for i in range(n):
-        view = below.view(-1, 2, 2 ** i)
-        view[:, 1] |= view[:, 0]
-    proper = torch.zeros_like(faithful)
-    for i in range(n):                       # drop one present edge, any subset of the rest
-        p, b = proper.view(-1, 2, 2 ** i), below.view(-1, 2, 2 ** i)
-        p[:, 1] |= b[:, 0]
-    return proper
-
-
-def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accuracy_floor=None):
-    """Report (a dict for verify.json) and the per-subset faithfulness, from the mean logit
-    difference `ld` [2^n] of every subset id and the reference LD(full), LD(∅). A subset
-    passes ("faithful" in the report) when f >= `threshold` (None: not required) and, given
-    `accuracy` [2^n] and `accuracy_floor`, its accuracy >= that floor."""
-    n = len(names)
-    f, faithful = judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor)
-    proper = proper_subset_faithful(faithful, n)
-    minimal = faithful & ~proper
-    sizes = subset_sizes(n)
-    full = 2 ** n - 1
-    ids = torch.nonzero(minimal).flatten()
-    order = sorted(ids.tolist(), key=lambda k: (int(sizes[k]), -float(f[k])))
-    listed = order[:MAX_LISTED]
-    by_size = {}
-    for k in range(n + 1):
-        vals = f[sizes == k]
-        ok = vals[~torch.isnan(vals)]
-        by_size[str(k)] = dict(
-            subsets=math.comb(n, k), faithful=int(faithful[sizes == k].sum()),
-            min=float(ok.min()) if len(ok) else None, median=float(ok.median()) if len(ok) else None,
-            max=float(ok.max()) if len(ok) else None)
-    pairs = pair_interactions(ld, n, tau)
-    for p in pairs["pairs"]:
-        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
-    report = dict(
-        n_edges=n, edges=names, threshold=threshold, tau=tau, accuracy_floor=accuracy_floor,
-        accuracy_circuit=float(accuracy[full]) if accuracy is not None else None,
-        logit_diff_full_model=ld_full, logit_diff_empty=ld_empty,
-        logit_diff_circuit=float(ld[full]), faithfulness_circuit=float(f[full]),
-        circuit_faithful=bool(faithful[full]),
-        # then every subset's verdict is vacuous: the corrupted run alone passes
-        empty_passes=bool(faithful[0]),
-        irreducible=not bool(proper[full]),
-        n_faithful_subsets=int(faithful.sum()),
-        n_minimal_faithful_subsets=len(order),
-        minimal_faithful_subsets=[[names[i] for i in range(n) if k >> i & 1] for k in listed],
-        minimal_faithful_faithfulness=[float(f[k]) for k in listed],
-        minimal_faithful_listed_all=len(order) <= MAX_LISTED,
-        faithful_subset_sizes={k: v["faithful"] for k, v in by_size.items()},
-        faithfulness_by_size=by_size,
-        pairs=pairs["pairs"],
-        pair_scale=pairs["scale"],
-        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
-        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
-        partners_median=_median(pairs["partners"]),
-    )
-    return report, f, minimal
 
 
 CRITERIA = ("run", "faithfulness", "accuracy", "both")
@@ -266,84 +195,6 @@ def check_top1(evaluator, reference, reference_logits, minimal_subsets, floor) -
                 circuit_passes_top1=bool(circuit >= floor - ACCURACY_EPS),
                 minimal_faithful_top1_agreement=subsets,
                 minimal_faithful_passing_top1=sum(a >= floor - ACCURACY_EPS for a in subsets))
-
-
-# ---------------------------------------------------------------- pictures
-
-def _save(fig, path):
-    from condense.artifacts import atomic_write
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    atomic_write(path, buf.getvalue())
-
-
-def plot_subsets(path, f, minimal, n, threshold, title=""):
-    """Faithfulness against subset size: a box per size, a sample of subsets as dots, the
-    minimal faithful subsets as red stars, the threshold as a dashed line."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    sizes = subset_sizes(n)
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * (n + 1) + 2), 4.5))
-    groups = [f[sizes == k] for k in range(n + 1)]
-    groups = [g[~torch.isnan(g)].numpy() for g in groups]
-    ax.boxplot(groups, positions=list(range(n + 1)), widths=0.6, showfliers=False)
-    gen = torch.Generator().manual_seed(0)
-    sample = torch.randperm(len(f), generator=gen)[:20000]
-    jitter = (torch.rand(len(sample), generator=gen) - 0.5) * 0.5
-    ax.scatter((sizes[sample] + jitter).numpy(), f[sample].numpy(), s=3, alpha=0.25, color="tab:blue",
-               label="subsets" + (" (sample of 20,000)" if len(f) > 20000 else ""))
-    idx = torch.nonzero(minimal).flatten()
-    if len(idx):
-        ax.scatter(sizes[idx].numpy(), f[idx].numpy(), marker="*", s=60, color="tab:red", zorder=3,
-                   label=f"minimal faithful ({len(idx)})")
-    ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
-    ax.set_xlabel("edges in the subset")
-    ax.set_ylabel("faithfulness f(S)")
-    ax.set_title(title or f"all {2 ** n:,} subsets of a {n}-edge circuit", fontsize=9)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def plot_pairs(path, report):
-    """Heatmap of (Δij - Δi - Δj) / |m(C) - m(∅)|; interacting pairs are boxed."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    n, names, scale = report["n_edges"], report["edges"], report["pair_scale"] or 1.0
-    if n < 2:
-        fig, ax = plt.subplots(figsize=(4, 2))
-        ax.text(0.5, 0.5, f"{n} edge(s): no pairs", ha="center", va="center")
-        ax.set_axis_off()
-        _save(fig, path)
-        plt.close(fig)
-        return
-    grid = torch.full((n, n), math.nan)
-    for p in report["pairs"]:
-        grid[p["i"], p["j"]] = grid[p["j"], p["i"]] = p["interaction"] / scale
-    top = max(float(grid[~torch.isnan(grid)].abs().max()), report["tau"])
-    side = max(5, 0.32 * n + 3)
-    fig, ax = plt.subplots(figsize=(side + 1.5, side))
-    im = ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
-    for p in report["pairs"]:
-        if p["interacts"]:
-            for a, b in ((p["i"], p["j"]), (p["j"], p["i"])):
-                ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=1.2, ec="black"))
-    labels = [f"{nm} ({report['partners'][nm]})" for nm in names]
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=6)
-    ax.set_yticks(range(n), labels, fontsize=6)
-    fig.colorbar(im, ax=ax, shrink=0.8, label="(Δij − Δi − Δj) / |m(C) − m(∅)|")
-    ax.set_title(f"pairwise ablation: {report['n_interacting_pairs']} of {len(report['pairs'])} pairs "
-                 f"interact (boxed, τ = {report['tau']:g})\nlabels: edge (interaction partners); "
-                 f"median partners {report['partners_median']}", fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------- a run folder

@@ -1,0 +1,82 @@
+"""verify's pictures: faithfulness against subset size, and the pairwise interaction heatmap."""
+import io
+import math
+
+import torch
+
+from condense.verify.analysis import subset_sizes
+
+def _save(fig, path):
+    from condense.artifacts import atomic_write
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, buf.getvalue())
+
+
+def plot_subsets(path, f, minimal, n, threshold, title=""):
+    """Faithfulness against subset size: a box per size, a sample of subsets as dots, the
+    minimal faithful subsets as red stars, the threshold as a dashed line."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    sizes = subset_sizes(n)
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * (n + 1) + 2), 4.5))
+    groups = [f[sizes == k] for k in range(n + 1)]
+    groups = [g[~torch.isnan(g)].numpy() for g in groups]
+    ax.boxplot(groups, positions=list(range(n + 1)), widths=0.6, showfliers=False)
+    gen = torch.Generator().manual_seed(0)
+    sample = torch.randperm(len(f), generator=gen)[:20000]
+    jitter = (torch.rand(len(sample), generator=gen) - 0.5) * 0.5
+    ax.scatter((sizes[sample] + jitter).numpy(), f[sample].numpy(), s=3, alpha=0.25, color="tab:blue",
+               label="subsets" + (" (sample of 20,000)" if len(f) > 20000 else ""))
+    idx = torch.nonzero(minimal).flatten()
+    if len(idx):
+        ax.scatter(sizes[idx].numpy(), f[idx].numpy(), marker="*", s=60, color="tab:red", zorder=3,
+                   label=f"minimal faithful ({len(idx)})")
+    ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
+    ax.set_xlabel("edges in the subset")
+    ax.set_ylabel("faithfulness f(S)")
+    ax.set_title(title or f"all {2 ** n:,} subsets of a {n}-edge circuit", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_pairs(path, report):
+    """Heatmap of (Δij - Δi - Δj) / |m(C) - m(∅)|; interacting pairs are boxed."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    n, names, scale = report["n_edges"], report["edges"], report["pair_scale"] or 1.0
+    if n < 2:
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.text(0.5, 0.5, f"{n} edge(s): no pairs", ha="center", va="center")
+        ax.set_axis_off()
+        _save(fig, path)
+        plt.close(fig)
+        return
+    grid = torch.full((n, n), math.nan)
+    for p in report["pairs"]:
+        grid[p["i"], p["j"]] = grid[p["j"], p["i"]] = p["interaction"] / scale
+    top = max(float(grid[~torch.isnan(grid)].abs().max()), report["tau"])
+    side = max(5, 0.32 * n + 3)
+    fig, ax = plt.subplots(figsize=(side + 1.5, side))
+    im = ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
+    for p in report["pairs"]:
+        if p["interacts"]:
+            for a, b in ((p["i"], p["j"]), (p["j"], p["i"])):
+                ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=1.2, ec="black"))
+    labels = [f"{nm} ({report['partners'][nm]})" for nm in names]
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=6)
+    ax.set_yticks(range(n), labels, fontsize=6)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="(Δij − Δi − Δj) / |m(C) − m(∅)|")
+    ax.set_title(f"pairwise ablation: {report['n_interacting_pairs']} of {len(report['pairs'])} pairs "
+                 f"interact (boxed, τ = {report['tau']:g})\nlabels: edge (interaction partners); "
+                 f"median partners {report['partners_median']}", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
