@@ -4,7 +4,8 @@ original was.
     HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py RUN [RUN ...] [--n 200] [--split test]
         [--threads 1] [--json PATH]
 
-For each run folder (a condensation run: circuit.json, adapter): on the run's task rows, the
+For each run folder (a condensation run: circuit.json, adapter; or a frozen scoring run's
+circuit, compared with the model itself): on the run's task rows, the
 original model's last-position distribution (the base with the adapter off, every edge on) and
 the circuit's (adapter on, pruned edges ablated as the run ablated them). Reports top-1
 agreement overall and split by the original's top-1 probability (>= 0.3, >= 0.5 and below),
@@ -17,6 +18,7 @@ of the weights that nobody would call a different model.
 """
 import argparse
 import collections
+import contextlib
 import json
 import os
 
@@ -39,11 +41,10 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     run = read_run(run_dir, "analyse")
     cfg = run.config
     net, tokenizer, device = run.load_model(threads=threads)
-    if not run.adapter:
-        raise SystemExit(f"{run_dir}: no adapter; this compares a healed circuit with its original")
     rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
     graph = run.circuit(net)
-    with net.disable_adapter():
+    # a frozen circuit (a scoring run: no adapter) is compared with the model itself
+    with net.disable_adapter() if run.adapter else contextlib.nullcontext():
         original = reference_outputs(net, graph, rows, cfg.intervention, batch_size).full_logits
     cols, n = dataset_columns(rows)
     circuit = torch.zeros_like(original)
