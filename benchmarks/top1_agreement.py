@@ -9,7 +9,8 @@ circuit, compared with the model itself): on the run's task rows, the
 original model's last-position distribution (the base with the adapter off, every edge on) and
 the circuit's (adapter on, pruned edges ablated as the run ablated them). Reports top-1
 agreement overall and split by the original's top-1 probability (>= 0.3, >= 0.5 and below),
-what the disagreeing top-1 tokens are (the answer, the distractor, another token) for each
+by template (seen in training or held out, where the task has both), what the disagreeing
+top-1 tokens are (the answer, the distractor, another token) for each
 side, and on the disagreeing rows the original's top-1 probability and the circuit's
 probability of that token. The same top-1 agreement as metrics.json's on the same rows.
 `--quantized 4bit|8bit`: also the top-1 agreement of the original model quantized that way with
@@ -71,9 +72,13 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
         by_confidence[f">={th}"] = dict(rows=int(hi.sum()), agreement=float(agree[hi].float().mean()))
         by_confidence[f"<{th}"] = dict(rows=int((~hi).sum()),
                                        agreement=float(agree[~hi].float().mean()))
+    # IOI's test rows include templates the gate's val rows never had
+    by_template = {part: dict(rows=len(idx), agreement=float(agree[idx].float().mean()))
+                   for part, idx in tasks.template_parts(rows).items()}
     return dict(
         run_dir=run_dir, task=cfg.task, split=split, n_rows=n, edges=graph.count_edges(),
         top1_agreement=float(agree.float().mean()), by_original_confidence=by_confidence,
+        by_template=by_template,
         original_top1=dict(collections.Counter(cat_orig)),
         circuit_top1=dict(collections.Counter(cat_circ)),
         disagreements={f"{a} -> {b}": c for (a, b), c in collections.Counter(
@@ -145,7 +150,10 @@ def main(argv=None):
         print(f"{os.path.basename(os.path.normpath(run_dir))}: {r['edges']} edges, top-1 agreement "
               f"{r['top1_agreement']:.3f}; original sure (p >= 0.5) on {conf['>=0.5']['rows']} rows: "
               f"{conf['>=0.5']['agreement']:.3f}, unsure on {conf['<0.5']['rows']}: "
-              f"{conf['<0.5']['agreement']:.3f}; {d['rows']} disagreements {r['disagreements']}, "
+              f"{conf['<0.5']['agreement']:.3f}; "
+              + "".join(f"{part} templates ({t['rows']} rows) {t['agreement']:.3f}; "
+                        for part, t in r["by_template"].items())
+              + f"{d['rows']} disagreements {r['disagreements']}, "
               f"original's top-1 prob there (median) {d['original_top1_prob_median']}")
     quantized = []
     if args.quantized:

@@ -89,8 +89,8 @@ def test_metrics_split_test_accuracy_by_template(full_run, tiny_model):
                                  seed=0)["heldout_template"])
     assert 0 < sum(flags) < len(flags)  # this seed's 8 test rows have both kinds
     held, seen = sum(flags), len(flags) - sum(flags)
-    for prefix in ("accuracy_", "accuracy_original_"):
-        key = "accuracy" if prefix == "accuracy_" else "accuracy_original"
+    for prefix in ("accuracy_", "accuracy_original_", "top1_agreement_"):
+        key = prefix[:-1]
         pooled = (metrics[prefix + "seen_templates"] * seen
                   + metrics[prefix + "heldout_templates"] * held) / len(flags)
         assert pooled == pytest.approx(metrics[key], abs=1e-6)

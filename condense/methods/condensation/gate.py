@@ -89,9 +89,10 @@ def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=No
 
 
 def template_split_accuracy(model, circuit, rows, original_ref, cfg):
-    """Test accuracy (circuit and original) on the rows of templates seen in training and of
-    held-out templates, where a task has both (IOI): the gate's val rows have no held-out
-    template, so this is where a circuit that fits its templates shows it. {} otherwise."""
+    """Test accuracy (circuit and original) and the circuit's top-1 agreement with the original
+    on the rows of templates seen in training and of held-out templates, where a task has both
+    (IOI): the gate's val rows have no held-out template, so this is where a circuit that fits
+    its templates shows it. {} otherwise."""
     out = {}
     for name, idx in tasks.template_parts(rows).items():
         ref = EvalReference(original_ref.full_logits[idx], original_ref.empty_logit_diff[idx],
@@ -100,4 +101,5 @@ def template_split_accuracy(model, circuit, rows, original_ref, cfg):
                      reference=ref)
         out[f"accuracy_{name}_templates"] = m["accuracy"]
         out[f"accuracy_original_{name}_templates"] = m["accuracy_full"]
+        out[f"top1_agreement_{name}_templates"] = m["top1_agreement"]
     return out
