@@ -56,7 +56,7 @@ circuit (tests/test_condense.py checks it). Use heal_batch_size divisible by N.
 from condense.methods import register
 
 from .config import CondenseConfig, check_init_circuit_model, read_circuit_file
-from .gate import Gate, circuit_metrics, template_split_accuracy
+from .gate import Gate, circuit_metrics, template_split_metrics
 from .healing import (
                       HealDiverged,
                       adapter_state,
@@ -78,4 +78,4 @@ __all__ = ["CondenseConfig", "Gate", "HealDiverged", "add_adapter", "adapter_sta
            "check_init_circuit_model", "check_state", "circuit_metrics", "cut_edges",
            "general_loss", "heal", "heal_loss", "initial_circuit", "last_logprobs",
            "load_adapter_state", "lora_targets", "rank", "rank_method", "read_circuit_file",
-           "run_condense", "save_adapter", "template_split_accuracy"]
+           "run_condense", "save_adapter", "template_split_metrics"]

@@ -88,7 +88,7 @@ def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=No
     return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref)
 
 
-def template_split_accuracy(model, circuit, rows, original_ref, cfg):
+def template_split_metrics(model, circuit, rows, original_ref, cfg):
     """Test accuracy (circuit and original) and the circuit's top-1 agreement with the original
     on the rows of templates seen in training and of held-out templates, where a task has both
     (IOI): the gate's val rows have no held-out template, so this is where a circuit that fits

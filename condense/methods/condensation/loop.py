@@ -17,7 +17,7 @@ from condense.metrics import perplexity
 from condense.optimize import all_reduce_, shard, world
 from condense.runs import RunContext, log
 
-from .gate import Gate, circuit_metrics, template_split_accuracy
+from .gate import Gate, circuit_metrics, template_split_metrics
 from .healing import (
     HealDiverged,
     _round_seed,
@@ -302,7 +302,7 @@ class _Loop:
                 circuit = found.graph
             extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
         test = circuit_metrics(model, circuit, rows["test"], self.test_ref, cfg)
-        extra.update(template_split_accuracy(model, circuit, rows["test"], self.test_ref, cfg))
+        extra.update(template_split_metrics(model, circuit, rows["test"], self.test_ref, cfg))
         ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
         metrics = dict(
             method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,
