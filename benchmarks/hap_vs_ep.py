@@ -6,7 +6,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
 
-Per task, with the recipes' settings (condense/methods/edge_pruning.py; HAPConfig defaults unless a
+Per task, with the recipes' settings (condense/methods/edge_pruning/; HAPConfig defaults unless a
 flag says otherwise):
 - EAP: score every edge on the train rows, keep the top round((1 - target) * edges) by
   |score|, prune;

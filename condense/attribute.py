@@ -98,7 +98,7 @@ def attribute(model: torch.nn.Module, graph: "Graph", dataset, method: str, ig_s
     the methods, the sign convention and the metrics.
 
     ig_steps: points per path (eap_ig_inputs, eap_ig_activations, eap_gp).
-    intervention: "patching" | "mean" (needs means=compute_means(...)) | "zero".
+    intervention: "patching" | "mean" (needs means=condense.means.compute_means(...)) | "zero".
     seed: only `random` draws random numbers; every other method is deterministic.
     gp_step: eap_gp's step length (None: |clean - ablated input| / ig_steps per row).
     at_circuit: linearise at the graph's circuit (in_graph) instead of the full model."""
@@ -109,7 +109,8 @@ def attribute(model: torch.nn.Module, graph: "Graph", dataset, method: str, ig_s
     if intervention not in INTERVENTIONS:
         raise ValueError(f"intervention {intervention!r}; choose one of {INTERVENTIONS}")
     if intervention == "mean" and means is None:
-        raise ValueError("intervention='mean' needs means=compute_means(model, graph, reference)")
+        raise ValueError("intervention='mean' needs "
+                         "means=condense.means.compute_means(model, graph, reference)")
     if int(ig_steps) < 1:
         raise ValueError(f"ig_steps must be >= 1, got {ig_steps}")
     if model_shape(model) != graph.shape:

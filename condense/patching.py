@@ -18,7 +18,8 @@ rms taken over the whole layer's attention output in the same run, so the heads 
 sum exactly to the normalized output (and their outputs depend on each other through rms).
 
 Ablated values: `patching` runs the same model (adapter included) on the corrupted prompt
-in the same call; `mean` uses `compute_means` over a reference set; `zero` uses zeros.
+in the same call; `mean` uses `condense.means.compute_means` over a reference set; `zero` uses
+zeros.
 Head masks mix a head's z (before o_proj) and neuron masks mix the MLP hidden units (the
 input of the down projection) between clean and ablated values, the same way.
 
@@ -28,12 +29,16 @@ applied (call model.eval() to compare with the HF model). Right-padded batches n
 attention_mask; positions are 0..T-1 as in HF.
 """
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from condense.model_parts import (Projection, heads_output_sum, model_parts, model_shape,
                                   project_per_head, project_shared, split_heads_output)
 from condense.sender_mixing import MixSenders, SenderDiffs, mix, unique_columns
+
+if TYPE_CHECKING:
+    from condense.means import SenderMeans
 
 INTERVENTIONS = ("patching", "mean", "zero")
 
@@ -387,7 +392,8 @@ def ablated_values(parts, graph, intervention, shape, corrupted_ids=None, attent
         return ablated
     if intervention == "mean":
         if means is None:
-            raise ValueError("intervention='mean' needs means=compute_means(model, graph, reference)")
+            raise ValueError("intervention='mean' needs "
+                             "means=condense.means.compute_means(model, graph, reference)")
         B, T = shape
         lengths = attention_mask.sum(1).cpu() if attention_mask is not None else torch.full((B,), T)
         ablated = means.values(graph, lengths, T)
@@ -402,69 +408,6 @@ def zero_values(parts, graph, like):
     blocks = [z(sl.stop - sl.start, 1, 1, D) for sl in block_slices(graph)]
     L = parts.shape.n_layers
     return SenderValues(blocks, [z(1, 1, H, dh)] * L, [z(1, 1, parts.shape.d_mlp)] * L)
-
-
-@dataclass
-class SenderMeans:
-    """Mean sender outputs / head z / MLP hidden over a reference set: per position for each
-    reference length (`by_length[n]` = (senders [S, n, D], z [L, n, H, dh], hidden [L, n, d_mlp]))
-    and over all real positions (`overall`, same without the position dim)."""
-    by_length: dict
-    overall: tuple
-
-    def values(self, graph, lengths, T):
-        """SenderValues for a batch whose rows have `lengths` (padded to T): a row uses the
-        per-position mean of its own length when the reference has that length, else (and at
-        padding) the mean over positions."""
-        S_all, z_all, h_all = self.overall
-        use = [int(n) in self.by_length for n in lengths.tolist()]
-        if not any(use):
-            tensors = (S_all[:, None, None], z_all[:, None, None], h_all[:, None, None])
-        else:
-            rows = []
-            for n, has in zip(lengths.tolist(), use):
-                row = [t[:, None].expand(t.shape[0], T, *t.shape[1:]).clone() for t in self.overall]
-                if has:
-                    for full, part in zip(row, self.by_length[int(n)]):
-                        full[:, :n] = part
-                rows.append(row)
-            tensors = tuple(torch.stack(col, 1) for col in zip(*rows))  # [S|L, B, T, ...]
-        senders, z, hidden = tensors
-        blocks = [senders[sl] for sl in block_slices(graph)]
-        return SenderValues(blocks, list(z), list(hidden))
-
-
-@torch.no_grad()
-def compute_means(model: torch.nn.Module, graph, sequences, batch_size: int = 32,
-                  per_position: bool = True) -> SenderMeans:
-    """Mean sender outputs of the plain model over `sequences` (lists of token ids)."""
-    from condense.metrics import pad_batch
-    parts = checked_parts(model, graph)
-    device = next(model.parameters()).device
-    sums, counts, total, n_total = {}, {}, None, 0
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    for start in range(0, len(order), batch_size):
-        ids, mask, lengths = pad_batch([list(sequences[i]) for i in order[start:start + batch_size]])
-        _, vals, _ = decomposed_forward(parts, graph, ids.to(device), mask.to(device), keep_hidden=True,
-                                        compute_logits=False)
-        wide = at_least_fp32(vals.blocks[0].dtype)  # accumulate bf16 models' means in fp32
-        senders = vals.stacked().to(wide)                                   # [S, B, T, D]
-        z = torch.stack(vals.z).to(wide)                                    # [L, B, T, H, dh]
-        hidden = torch.stack(vals.hidden).to(wide)                          # [L, B, T, d_mlp]
-        real = mask.to(device).bool()
-        flat = [t.movedim(0, 2)[real] for t in (senders, z, hidden)]        # [n_real, S|L, ...]
-        sums_all = [f.sum(0) for f in flat]
-        total = sums_all if total is None else [a + b for a, b in zip(total, sums_all)]
-        n_total += int(real.sum())
-        if per_position:
-            for b, n in enumerate(lengths.tolist()):
-                row = [t[:, b, :n] for t in (senders, z, hidden)]
-                sums[n] = row if n not in sums else [a + r for a, r in zip(sums[n], row)]
-                counts[n] = counts.get(n, 0) + 1
-    dtype = next(model.parameters()).dtype
-    overall = tuple((t / n_total).to(dtype) for t in total)
-    by_length = {n: tuple((t / counts[n]).to(dtype) for t in s) for n, s in sums.items()}
-    return SenderMeans(by_length, overall)
 
 
 # ---------------------------------------------------------------- public entry point
@@ -497,7 +440,7 @@ def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
     edge_mask: [n_senders, n_receivers] in [0, 1] (default graph.in_graph), may require grad.
     head_mask / neuron_mask: default graph.head_mask / graph.neuron_mask.
     intervention: "patching" (needs corrupted_ids, same shape; same attention_mask),
-    "mean" (needs means=compute_means(...)), or "zero".
+    "mean" (needs means=condense.means.compute_means(...)), or "zero".
     logit_positions: [B] positions to read; then logits are [B, V] instead of [B, T, V].
     ablated_grad: let gradients flow through the corrupted run too (default: it is detached).
     return_run: return a GraphRun with clean/ablated sender values and captured receiver inputs

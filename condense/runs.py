@@ -80,7 +80,7 @@ class RunContext:
 
 def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> RunContext:
     """Load everything a run of `cfg` needs (see RunContext); the model's weights are frozen."""
-    from condense.patching import compute_means
+    from condense.means import compute_means
     device = torch.device(cfg.device) if cfg.device else (
         accelerator.device if accelerator is not None else torch.device("cpu"))
     model = load_model(cfg.model, dtype=cfg.dtype, device=device, quantization=cfg.quantization)

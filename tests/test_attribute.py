@@ -15,7 +15,8 @@ from condense.attribute import METHODS, attribute  # noqa: E402
 from condense.evaluate import evaluate  # noqa: E402
 from condense.graph import Graph  # noqa: E402
 from condense.metrics import pad_batch  # noqa: E402
-from condense.patching import compute_means, run_graph  # noqa: E402
+from condense.means import compute_means  # noqa: E402
+from condense.patching import run_graph  # noqa: E402
 
 from .tiny import moved_token_rows, randomize_weights  # noqa: E402
 

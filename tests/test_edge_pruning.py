@@ -1,4 +1,4 @@
-"""Edge Pruning and HAP (condense/edge_pruning.py): the hard-concrete math against direct
+"""Edge Pruning and HAP (condense/methods/edge_pruning/): the hard-concrete math against direct
 formulas, the Lagrangian's signs under fit's maximisation, HAP's fixed-off non-candidates,
 the thresholding to the learned sparsity, and short recipe runs that write artifacts."""
 import json

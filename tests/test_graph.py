@@ -13,7 +13,8 @@ from transformers import Gemma3Config, GPT2Config, GPT2LMHeadModel, GPTNeoXConfi
 import condense.model_parts as model_parts  # noqa: E402
 from condense.graph import Graph  # noqa: E402
 from condense.model_parts import UnsupportedModelError  # noqa: E402
-from condense.patching import compute_means, run_graph  # noqa: E402
+from condense.means import compute_means  # noqa: E402
+from condense.patching import run_graph  # noqa: E402
 
 from .tiny import CONFIGS, GEMMA3_ROPE, TOL, make_model, prompts  # noqa: E402
 

@@ -14,7 +14,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Gem
 
 from condense.evaluate import evaluate, reference_outputs
 from condense.graph import Graph
-from condense.patching import compute_means
+from condense.means import compute_means
 from condense.verify.subsets import SubsetEvaluator, subset_masks
 from condense.verify.analysis import analyse
 from condense.verify.run import CircuitTooLarge, main, verify_circuit, verify_run

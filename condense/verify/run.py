@@ -224,9 +224,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
-    from condense.patching import compute_means
+    from condense.means import compute_means
     from condense.runs import read_run
-    from condense.verify.subsets import Progress
 
     begin = time.perf_counter()
     circuit_path = os.path.join(run_dir, "circuit.json")
@@ -368,3 +367,21 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class Progress:
+    """progress(done, total) printer: at most every `every` seconds, with rate and ETA."""
+
+    def __init__(self, label, every=10.0, stream=None):
+        self.label, self.every, self.stream = label, every, stream or sys.stderr
+        self.start = self.shown = time.perf_counter()
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.shown < self.every and done < total:
+            return
+        self.shown = now
+        rate = done / max(now - self.start, 1e-9)
+        eta = (total - done) / rate if rate > 0 else float("inf")
+        print(f"{self.label}: {done}/{total} subset x prompt ({100 * done / total:.1f} %), "
+              f"{rate:,.0f}/s, {eta:,.0f}s left", file=self.stream, flush=True)

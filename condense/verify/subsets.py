@@ -29,16 +29,16 @@ output depends on the layer's other heads (Gemma2/3 normalise the sum of its hea
 A per-row edge mask in decomposed_forward would batch that path too; the sparse path does
 not need it, since it never runs a whole layer per subset.
 """
-import sys
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from condense.evaluate import dataset_columns, row_batches
 from condense.model_parts import affine_weight
-from condense.patching import (at_least_fp32, attention_masks, block_slices, checked_parts,
-                               resolve_node_mask, ablated_values, decomposed_forward)
+from condense.patching import (at_least_fp32, attention_masks, checked_parts, resolve_node_mask,
+                               ablated_values, decomposed_forward)
+from condense.verify.versions import (at_last, matmul_versions, project_rows, sender_output,
+                                      versions_of)
 
 METHODS = ("auto", "sparse", "dense")
 
@@ -246,9 +246,10 @@ class SubsetEvaluator:
         fixed_diff, ablated_out = {}, {}
         for s in self.out_of:
             if s not in circuit_nodes:
-                fixed_diff[s] = (_sender(empty_run, graph, s, B, T) - _sender(ablated, graph, s, B, T))
+                fixed_diff[s] = (sender_output(empty_run, graph, s, B, T)
+                                 - sender_output(ablated, graph, s, B, T))
         for s in circuit_nodes:
-            ablated_out[s] = _sender(ablated, graph, s, B, T)
+            ablated_out[s] = sender_output(ablated, graph, s, B, T)
         # node masks (head z, MLP hidden units) of the circuit nodes: mixed as patching does
         node_mix = {}
         for node in self.nodes:
@@ -296,7 +297,7 @@ class SubsetEvaluator:
         T = batch.attn_masks[self.parts.layers[0].sliding_window].shape[-1]
         shape = self.parts.shape
         for node in self.nodes:
-            version, rep = _versions(masks, node.cone)
+            version, rep = versions_of(masks, node.cone)
             # versions computed at once, so that no intermediate exceeds piece_elements (a head
             # read at the last position only still has keys and values at every position)
             if node.all_positions:
@@ -311,7 +312,7 @@ class SubsetEvaluator:
             out = torch.cat(outs, 1)
             abl = batch.ablated[node.sender]
             versions[node.sender] = (version, out - (abl[:, None] if node.all_positions
-                                                     else _at_last(abl[:, None], batch.last)))
+                                                     else at_last(abl[:, None], batch.last)))
         return self._logit_diff(batch, self._logits_input(batch, weights, versions))
 
     def _logits_input(self, batch, weights, versions):
@@ -325,7 +326,7 @@ class SubsetEvaluator:
         r = self.graph.logits_receiver
         M, device = weights.shape[0], weights.device
         B, D = batch.last.shape[0], self.parts.shape.d_model
-        base = _at_last(batch.base[r][:, None], batch.last)[:, 0, 0]              # [B, D]
+        base = at_last(batch.base[r][:, None], batch.last)[:, 0, 0]              # [B, D]
         blocks, columns, gathered = [base.reshape(1, B * D)], [], []
         offset = 1
         for i in self.into.get(r, []):
@@ -333,10 +334,10 @@ class SubsetEvaluator:
             if s in versions:
                 version, diff = versions[s]
                 if diff.shape[2] != 1:
-                    diff = _at_last(diff, batch.last)
+                    diff = at_last(diff, batch.last)
             else:
                 version = torch.zeros(M, dtype=torch.long, device=device)
-                diff = _at_last(batch.fixed_diff[s][:, None], batch.last)
+                diff = at_last(batch.fixed_diff[s][:, None], batch.last)
             diff = diff[:, :, 0].transpose(0, 1)                                # [U, B, D]
             if diff.shape[0] > 64:
                 gathered.append((i, version, diff))
@@ -358,18 +359,18 @@ class SubsetEvaluator:
         """Input of receiver r [B, len(rows) or 1, T or 1, D] for the subsets `rows`."""
         last_only = self._reads_last_only(node, r)
         x = batch.base[r][:, None]
-        x = _at_last(x, batch.last) if last_only else x
+        x = at_last(x, batch.last) if last_only else x
         for i in self.into.get(r, []):
             s = self.edges[i][0]
             if s in versions:
                 version, diff = versions[s]
                 if last_only and diff.shape[2] != 1:
-                    diff = _at_last(diff, batch.last)  # before indexing: U versions, not M subsets
+                    diff = at_last(diff, batch.last)  # before indexing: U versions, not M subsets
                 d = diff[:, version[rows]]
             else:
                 d = batch.fixed_diff[s][:, None]
                 if last_only:
-                    d = _at_last(d, batch.last)
+                    d = at_last(d, batch.last)
             x = x + weights[rows, i][None, :, None, None] * d
         return x
 
@@ -379,7 +380,7 @@ class SubsetEvaluator:
         mix = batch.node_mix.get(node.sender)
         if mix is not None:  # the node's mask mixes its clean and ablated z / hidden units
             keep, ablated = mix
-            ablated = ablated[:, None] if node.all_positions else _at_last(ablated[:, None], batch.last)
+            ablated = ablated[:, None] if node.all_positions else at_last(ablated[:, None], batch.last)
         if node.head is None:
             x = self._receiver_input(batch, node.receivers[0], node, rows, weights, versions)
             if mix is None:
@@ -400,12 +401,12 @@ class SubsetEvaluator:
             q = q[:, q_version]
         mask = batch.attn_masks[lp.sliding_window]
         if not node.all_positions:
-            mask = _at_last(mask, batch.last)
-        scores = _matmul_versions(q, k.transpose(-1, -2), k_version) * lp.scaling
+            mask = at_last(mask, batch.last)
+        scores = matmul_versions(q, k.transpose(-1, -2), k_version) * lp.scaling
         if lp.softcap is not None:
             scores = torch.tanh(scores / lp.softcap) * lp.softcap
         probs = torch.softmax(scores + mask, dim=-1, dtype=at_least_fp32(q.dtype)).to(q.dtype)
-        z = _matmul_versions(probs, v, v_version)                   # [B, U, T or 1, dh]
+        z = matmul_versions(probs, v, v_version)                   # [B, U, T or 1, dh]
         if mix is not None:
             z = ablated + keep * (z - ablated)
         o_cols = self._weights[node.sender][1]
@@ -423,11 +424,11 @@ class SubsetEvaluator:
         lp = self.parts.layers[node.layer]
         r, cone = node.receivers[c], node.receiver_cones[c]
         if cone:
-            version, rep = _versions(masks[rows], cone)
+            version, rep = versions_of(masks[rows], cone)
             x = self._receiver_input(batch, r, node, rows[rep], weights, versions)
         else:  # no circuit edge enters it: every edge off, the same for every subset
             x = self._receiver_input(batch, r, node, rows[:0], weights, versions)
-        y = _project(self._weights[node.sender][0][c], lp.attn_norm(x))
+        y = project_rows(self._weights[node.sender][0][c], lp.attn_norm(x))
         if c < 2 and lp.q_norm is not None:
             y = (lp.q_norm if c == 0 else lp.k_norm)(y)
         if c < 2 and batch.rotary[node.layer] is not None:
@@ -477,73 +478,3 @@ class SubsetEvaluator:
             logits = logits.float()
             out.append(logits[rows, batch.answer] - logits[rows, batch.distractor])
         return torch.stack(out, 1)
-
-
-def _sender(values, graph, s, B, T):
-    """Sender s's output [B, T, D] from SenderValues (broadcast dims expanded)."""
-    for k, sl in enumerate(block_slices(graph)):
-        if sl.start <= s < sl.stop:
-            return values.blocks[k][s - sl.start].expand(B, T, -1)
-    raise IndexError(s)
-
-
-def _matmul_versions(a, b, version):
-    """a [B, U|1, Tq, K] @ b[:, version] -> [B, U, Tq, N], b holding a few versions [B, V, K, N]
-    (version [U]; None: b is [B, 1, K, N], shared). With few versions and few query positions,
-    a is multiplied with every version and the row's own result kept: b is never copied per
-    row, which costs more than the extra products."""
-    if version is None:
-        return a @ b
-    B, V, K, N = b.shape
-    U, Tq = version.shape[0], a.shape[2]
-    if V * Tq > 8:
-        return a @ b[:, version]
-    every = (a @ b.transpose(1, 2).reshape(B, 1, K, V * N)).view(B, a.shape[1], Tq, V, N)
-    index = version[None, :, None, None, None].expand(B, U, Tq, 1, N)
-    return every.expand(B, U, Tq, V, N).gather(3, index)[:, :, :, 0]
-
-
-def _at_last(x, last):
-    """x [B, U, T, ...] -> [B, U, 1, ...] at each row's last real position."""
-    return x[torch.arange(x.shape[0], device=x.device), :, last][:, :, None]
-
-
-def _versions(masks, cone):
-    """Subsets that agree on the edges `cone` share a version: (version of each row of
-    `masks` [M, n] -> [M], one representative row per version [U])."""
-    columns = masks[:, torch.tensor(cone, device=masks.device)]
-    if len(cone) <= 62:  # one int64 code per row (more bits would overflow and merge versions)
-        bits = torch.arange(len(cone), device=masks.device)
-        _, version = torch.unique((columns.long() << bits).sum(1), return_inverse=True)
-    else:
-        _, version = torch.unique(columns, dim=0, return_inverse=True)
-    rep = torch.empty(int(version.max()) + 1, dtype=torch.long, device=masks.device)
-    return version, rep.scatter_(0, version, torch.arange(len(masks), device=masks.device))
-
-
-def _project(weights, x):
-    """One head's q, k or v rows applied to x [..., D] -> [..., head_dim]."""
-    wb, rows, module = weights
-    if wb is None:
-        return module(x)[..., rows.to(x.device)]
-    W, b = wb
-    y = x @ W.T
-    return y if b is None else y + b
-
-
-class Progress:
-    """progress(done, total) printer: at most every `every` seconds, with rate and ETA."""
-
-    def __init__(self, label, every=10.0, stream=None):
-        self.label, self.every, self.stream = label, every, stream or sys.stderr
-        self.start = self.shown = time.perf_counter()
-
-    def __call__(self, done, total):
-        now = time.perf_counter()
-        if now - self.shown < self.every and done < total:
-            return
-        self.shown = now
-        rate = done / max(now - self.start, 1e-9)
-        eta = (total - done) / rate if rate > 0 else float("inf")
-        print(f"{self.label}: {done}/{total} subset x prompt ({100 * done / total:.1f} %), "
-              f"{rate:,.0f}/s, {eta:,.0f}s left", file=self.stream, flush=True)
