@@ -4,7 +4,7 @@ tensors so that reading `condense/graph.py` needs no plotting code."""
 import torch
 
 from condense.artifacts import atomic_write
-from condense.graph import Edge, Node
+from condense.graph_views import Edge, Node
 
 _QKV_COLORS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#9467bd", None: "#444444"}
 _ROLE_COLORS = {"functional": "#e4572e", "passthrough": "#76b041", "unimportant": "#dddddd"}

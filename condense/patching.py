@@ -29,16 +29,12 @@ applied (call model.eval() to compare with the HF model). Right-padded batches n
 attention_mask; positions are 0..T-1 as in HF.
 """
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from condense.model_parts import (Projection, heads_output_sum, model_parts, model_shape,
                                   project_per_head, project_shared, split_heads_output)
 from condense.sender_mixing import MixSenders, SenderDiffs, mix, unique_columns
-
-if TYPE_CHECKING:
-    from condense.means import SenderMeans
 
 INTERVENTIONS = ("patching", "mean", "zero")
 
@@ -432,7 +428,7 @@ def run_graph(model: torch.nn.Module, graph, clean_ids: torch.Tensor,
               corrupted_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
               intervention: str = "patching", edge_mask: torch.Tensor | None = None,
               head_mask: torch.Tensor | None = None, neuron_mask: torch.Tensor | None = None,
-              means: "SenderMeans | None" = None, logit_positions: torch.Tensor | None = None,
+              means=None, logit_positions: torch.Tensor | None = None,
               ablated_grad: bool = False, receiver_hook=None, capture_receivers: bool = False,
               return_run: bool = False, ablated: SenderValues | None = None) -> "torch.Tensor | GraphRun":
     """Logits of the circuit model on `clean_ids` [B, T].
