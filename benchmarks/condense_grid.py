@@ -4,6 +4,7 @@ seed, against EAP-IG's smallest faithful circuit, and the verifier on every smal
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py [--tasks ioi,agreement,induction,docstring]
         [--seeds 0] [--variants c1,c0,heal_only] [--out runs/condense_grid] [--max-verify 20]
         [--keep] [--json PATH] [key=value ...]
+    HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py --combine A.json B.json [--json PATH]
 
 Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
 [key=value ...] output_dir=<out>/<variant>_<task>_s<seed>` in its own process, one after the
@@ -15,7 +16,10 @@ verified (`condense verify`, the run's own criterion). EAP-IG's smallest faithfu
 checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
 7.4x. `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
-checkpoints/condense_smollm2_<task>/ (seed 0 only).
+checkpoints/condense_smollm2_<task>/ (seed 0 only). `--combine` pools the rows of earlier
+`--json` outputs (for example seeds run on different days; a later file's row replaces an
+earlier one of the same task and seed) and prints the table and the means over all of them,
+running nothing.
 """
 import argparse
 import json
@@ -128,15 +132,38 @@ def markdown(rows, summary):
                    f"{'irreducible' if r['irreducible'] else 'reducible'}; minimal {r['minimal_subset_sizes']}; "
                    f"pairs {r['interacting_pairs']}, median {r['median_partners']}")
         c0c1 = r["c0_edges"] / r["c1_edges"] if r.get("c0_edges") and r.get("c1_edges") else None
-        lines.append(f"| {r['task']} | {r['seed']} | {r['eap_ig_edges']} | {r['c1_edges']} | {r['c0_edges']} "
-                     f"| {r['heal_only_edges']} | {f(r.get('eap_ig_over_c1'), '.1f')} | {f(c0c1, '.2f')} | "
+        lines.append(f"| {r['task']} | {r['seed']} | {f(r.get('eap_ig_edges'), 'd')} "
+                     f"| {f(r.get('c1_edges'), 'd')} | {f(r.get('c0_edges'), 'd')} "
+                     f"| {f(r.get('heal_only_edges'), 'd')} | {f(r.get('eap_ig_over_c1'), '.1f')} | {f(c0c1, '.2f')} | "
                      f"{f(r.get('accuracy'))} ({f(r.get('accuracy_original'))}) | {f(r.get('kl'))} | "
                      f"{f(r.get('top1_agreement'))} | {f(r.get('ppl_ratio'))} | {ver} | "
                      f"{f((r.get('wall_seconds') or 0) / 60, '.0f')} min |")
     lines += ["", f"Geometric mean EAP-IG / C1: {f(summary['eap_ig_over_c1'], '.2f')}x (paper: "
               f"{PAPER['eap_ig_over_c1']}x); EAP-IG / C0: {f(summary['eap_ig_over_c0'], '.2f')}x "
               f"(paper: {PAPER['eap_ig_over_c0']}x)."]
+    for v, name in (("c0", "C0"), ("heal_only", "heal-only")):
+        both = [r for r in rows if r.get(f"{v}_edges") and r.get("c1_edges")]
+        if both:
+            larger = sum(r[f"{v}_edges"] > r["c1_edges"] for r in both)
+            lines.append(f"{name} larger than C1 in {larger} of {len(both)} task-seed pairs.")
     return "\n".join(lines)
+
+
+def combine(paths):
+    """The rows of earlier --json outputs, one per (task, seed), in task and seed order; where
+    two files have the same task and seed, the later one's measured values win (a C1-only grid
+    keeps an earlier file's C0 and heal-only)."""
+    rows = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["rows"]:
+                old = rows.get((r["task"], r["seed"]), {})
+                rows[(r["task"], r["seed"])] = {**old, **{k: v for k, v in r.items() if v is not None}}
+    return [rows[k] for k in sorted(rows)]
+
+
+def summarize(rows):
+    return {k: geomean([r.get(k) for r in rows]) for k in ("eap_ig_over_c1", "eap_ig_over_c0")}
 
 
 def main(argv=None):
@@ -148,17 +175,30 @@ def main(argv=None):
     ap.add_argument("--max-verify", type=int, default=20)
     ap.add_argument("--keep", action="store_true", help="copy seed-0 C1 runs into checkpoints/")
     ap.add_argument("--json")
+    ap.add_argument("--combine", nargs="+", metavar="JSON",
+                    help="pool the rows of earlier --json outputs and print their table (no runs)")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     start = time.time()
+    if args.combine:
+        rows = combine(args.combine)
+        summary = summarize(rows)
+        table = markdown(rows, summary)
+        print(table)
+        if args.json:
+            from condense.artifacts import write_json
+            write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(
+                argv if argv is not None else sys.argv[1:]), combined=args.combine, rows=rows,
+                summary=summary, paper=PAPER, table=table))
+        return
     for seed in seeds:
         for task in tasks:
             for variant in [v for v in args.variants.split(",") if v]:
                 run_one(args.out, variant, task, seed, args.extra)
     rows = [row_of(args.out, t, s, args.max_verify) for s in seeds for t in tasks]
-    summary = {k: geomean([r.get(k) for r in rows]) for k in ("eap_ig_over_c1", "eap_ig_over_c0")}
+    summary = summarize(rows)
     table = markdown(rows, summary)
     print(table)
     if args.keep:
