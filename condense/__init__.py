@@ -11,7 +11,11 @@ __version__ = "0.1.0"
 # peft imports bitsandbytes when it is installed, and on CPUs with AVX512-BF16 bitsandbytes
 # then warns that the optional `kernels` package (a faster CPU 4-bit matmul) is absent. It
 # would be the first line of every command, including one-line error messages; condense
-# does not run 4-bit matmuls on CPU, so that one logger is quieted.
+# does not run 4-bit matmuls on CPU, so that one logger is quieted. With the `kernels` package
+# installed (transformers requires it) bitsandbytes instead tries to fetch that kernel, and in
+# offline mode (how condense's tests and most CPU runs work) kernels first warns that it skips
+# the publisher check: the only warning of that logger, quieted for the same reason.
 import logging  # noqa: E402
 
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+logging.getLogger("kernels._internals.hf_hub").setLevel(logging.ERROR)
