@@ -129,7 +129,8 @@ def markdown(rows, summary):
         ver = "–"
         if r.get("verified"):
             ver = (f"{'passes' if r['passes'] else 'fails'} ({r['criterion']}); "
-                   f"{'irreducible' if r['irreducible'] else 'reducible'}; minimal {r['minimal_subset_sizes']}; "
+                   f"{ {True: 'irreducible', False: 'reducible', None: 'no verdict'}[r.get('irreducible')]}; "
+                   f"minimal {r['minimal_subset_sizes']}; "
                    f"pairs {r['interacting_pairs']}, median {r['median_partners']}")
         c0c1 = r["c0_edges"] / r["c1_edges"] if r.get("c0_edges") and r.get("c1_edges") else None
         lines.append(f"| {r['task']} | {r['seed']} | {f(r.get('eap_ig_edges'), 'd')} "

@@ -385,6 +385,7 @@ def verify_summary(verify: dict) -> str:
     items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
              ("circuit passes it", verify.get("circuit_faithful")),
              ("irreducible", "not checked (local)" if local and verify.get("irreducible") is None
+              else "no verdict (the circuit fails)" if verify.get("irreducible") is None
               else verify.get("irreducible")),
              ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
               verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets")),

@@ -394,6 +394,14 @@ def test_accuracy_criterion_and_the_runs_own_rule():
     # the corrupted run alone passes (an adapter that learnt the corruption): flagged
     vacuous, _, _ = analyse(ld, ["a", "b"], 1.0, 0.0, None, 0.05, acc, 0.4)
     assert vacuous["empty_passes"] and vacuous["minimal_faithful_subsets"] == [[]]
+    # a circuit that fails its own criterion: no irreducibility verdict, unless a proper
+    # subset passes (then it holds a smaller passing circuit: reducible)
+    failing, _, _ = analyse(torch.tensor([0.0, 0.3, 0.2, 0.5], dtype=torch.float64), ["a", "b"],
+                            1.0, 0.0, 0.9, 0.05)
+    assert not failing["circuit_faithful"] and failing["irreducible"] is None
+    holds_one, _, _ = analyse(torch.tensor([0.0, 0.95, 0.2, 0.5], dtype=torch.float64), ["a", "b"],
+                              1.0, 0.0, 0.9, 0.05)
+    assert not holds_one["circuit_faithful"] and holds_one["irreducible"] is False
     assert run_criterion(CondenseConfig(gate_accuracy_tol=0.03)) == dict(
         criterion="accuracy", accuracy_tol=0.03, threshold=0.9, top1_floor=None)
     assert run_criterion(CondenseConfig(gate_top1_agreement=0.95))["top1_floor"] == 0.95

@@ -61,7 +61,10 @@ def analyse(ld, names, ld_full, ld_empty, threshold, tau, accuracy=None, accurac
         circuit_faithful=bool(faithful[full]),
         # then every subset's verdict is vacuous: the corrupted run alone passes
         empty_passes=bool(faithful[0]),
-        irreducible=not bool(proper[full]),
+        # a circuit that fails its own criterion is neither: "irreducible" would only say that
+        # nothing inside a failing circuit passes (a passing proper subset still shows it
+        # reducible: it holds a smaller circuit that passes)
+        irreducible=False if bool(proper[full]) else (True if bool(faithful[full]) else None),
         n_faithful_subsets=int(faithful.sum()),
         n_minimal_faithful_subsets=len(order),
         minimal_faithful_subsets=[[names[i] for i in range(n) if k >> i & 1] for k in listed],

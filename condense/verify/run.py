@@ -347,7 +347,9 @@ def main(argv=None):
                    f"passes" if report["irreducible"] is False else
                    "1-minimal (no edge or pair can go; irreducibility unchecked)")
     else:
-        verdict = (f"{'irreducible' if report['irreducible'] else 'reducible'}; "
+        verdict = ("no irreducibility verdict: the circuit fails its own criterion and no "
+                   "subset passes" if report["irreducible"] is None else
+                   f"{'irreducible' if report['irreducible'] else 'reducible'}; "
                    f"{report['n_minimal_faithful_subsets']} minimal faithful subsets")
         if report["empty_passes"]:
             verdict += (" (the empty circuit passes: the corrupted run alone answers, so no "
