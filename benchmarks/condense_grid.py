@@ -156,10 +156,15 @@ def combine(paths):
     keeps an earlier file's C0 and heal-only)."""
     rows = {}
     for path in paths:
-        with open(path) as f:
-            for r in json.load(f)["rows"]:
-                old = rows.get((r["task"], r["seed"]), {})
-                rows[(r["task"], r["seed"])] = {**old, **{k: v for k, v in r.items() if v is not None}}
+        try:
+            with open(path) as f:
+                found = json.load(f)["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"error: --combine {path}: not a --json output of this script (a JSON "
+                             f"object with a 'rows' list): {type(e).__name__}: {e}")
+        for r in found:
+            old = rows.get((r["task"], r["seed"]), {})
+            rows[(r["task"], r["seed"])] = {**old, **{k: v for k, v in r.items() if v is not None}}
     return [rows[k] for k in sorted(rows)]
 
 
