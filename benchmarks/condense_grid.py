@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from condense.verify.verdict import irreducibility_words
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # heal-only: heal the full graph, then EAP-IG (not the recipe's early EAP shortcut, which would
 # rank the full graph with EAP) and the smallest faithful circuit at the baselines' 1 % resolution
@@ -129,7 +131,7 @@ def markdown(rows, summary):
         ver = "–"
         if r.get("verified"):
             ver = (f"{'passes' if r['passes'] else 'fails'} ({r['criterion']}); "
-                   f"{ {True: 'irreducible', False: 'reducible', None: 'no verdict'}[r.get('irreducible')]}; "
+                   f"{irreducibility_words(r.get('irreducible'), brief=True)}; "
                    f"minimal {r['minimal_subset_sizes']}; "
                    f"pairs {r['interacting_pairs']}, median {r['median_partners']}")
         c0c1 = r["c0_edges"] / r["c1_edges"] if r.get("c0_edges") and r.get("c1_edges") else None

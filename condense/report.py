@@ -27,6 +27,7 @@ import sys
 from typing import Optional
 
 from condense.artifacts import atomic_write
+from condense.verify.verdict import irreducibility_words
 
 DEFAULT_SHOWN_EDGES = 1000
 KIND_COLOURS = {"q": "#2f6fdf", "k": "#1a9a50", "v": "#e07b00", "": "#666666"}
@@ -384,9 +385,7 @@ def verify_summary(verify: dict) -> str:
     local = verify.get("mode") == "local"  # one- and two-edge removals only
     items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
              ("circuit passes it", verify.get("circuit_faithful")),
-             ("irreducible", "not checked (local)" if local and verify.get("irreducible") is None
-              else "no verdict (the circuit fails)" if verify.get("irreducible") is None
-              else verify.get("irreducible")),
+             ("irreducible", irreducibility_words(verify.get("irreducible"), local)),
              ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
               verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets")),
              ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),

@@ -445,3 +445,24 @@ def test_local_verification_agrees_with_the_exhaustive_table():
     assert report["n_edges"] == big.n_edges > 62
     assert report["subsets_evaluated"] == 1 + report["n_edges"] + report["n_edges"] * (report["n_edges"] - 1) // 2
     assert abs(report["faithfulness_circuit"] - 1.0) < TOL  # every edge on: the full model
+
+
+def test_irreducibility_has_one_wording():
+    """The command line, the HTML report and the grid table word `irreducible` the same way: a
+    circuit that fails its criterion with no passing subset gets no verdict in all three."""
+    import importlib.util
+    from condense.report import verify_summary
+    from condense.verify import irreducibility_words
+    assert [irreducibility_words(v) for v in (True, False)] == ["irreducible", "reducible"]
+    assert irreducibility_words(None).startswith("no verdict")
+    assert irreducibility_words(None, local=True).startswith("not checked")
+    assert irreducibility_words(None, brief=True) == "no verdict"
+    page = verify_summary(dict(mode="exhaustive", irreducible=None, circuit_faithful=False))
+    assert irreducibility_words(None) in page and ">irreducible<" not in page.replace("<th>irreducible<", "")
+    spec = importlib.util.spec_from_file_location(
+        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    row = dict(task="ioi", seed=1, verified=True, passes=False, criterion="accuracy",
+               irreducible=None, minimal_subset_sizes=[], interacting_pairs="35/55", median_partners=6)
+    assert "| fails (accuracy); no verdict;" in grid.markdown([row], grid.summarize([row]))

@@ -49,6 +49,7 @@ from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, local_masks
 from condense.verify.pictures import plot_pairs, plot_subsets
+from condense.verify.verdict import irreducibility_words
 
 DEFAULT_MAX_EDGES = 20
 
@@ -342,15 +343,13 @@ def main(argv=None):
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
+    verdict = irreducibility_words(report["irreducible"], local=report["mode"] == "local")
     if report["mode"] == "local":
-        verdict = (f"reducible: a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
-                   f"passes" if report["irreducible"] is False else
-                   "1-minimal (no edge or pair can go; irreducibility unchecked)")
+        verdict += (f": a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
+                    f"passes" if report["irreducible"] is False else "; 1-minimal (no edge or pair can go)")
     else:
-        verdict = ("no irreducibility verdict: the circuit fails its own criterion and no "
-                   "subset passes" if report["irreducible"] is None else
-                   f"{'irreducible' if report['irreducible'] else 'reducible'}; "
-                   f"{report['n_minimal_faithful_subsets']} minimal faithful subsets")
+        if report["irreducible"] is not None:
+            verdict += f"; {report['n_minimal_faithful_subsets']} minimal faithful subsets"
         if report["empty_passes"]:
             verdict += (" (the empty circuit passes: the corrupted run alone answers, so no "
                         "edge is needed and the subsets say nothing)")
