@@ -343,8 +343,10 @@ def main(argv=None):
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
-    verdict = irreducibility_words(report["irreducible"], local=report["mode"] == "local")
-    if report["mode"] == "local":
+    local = report["mode"] == "local"
+    # local: the reason follows (what removal passes, or that none does), so the brief words
+    verdict = irreducibility_words(report["irreducible"], local=local, brief=local)
+    if local:
         verdict += (f": a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
                     f"passes" if report["irreducible"] is False else "; 1-minimal (no edge or pair can go)")
     else:

@@ -10,7 +10,7 @@ def irreducibility_words(irreducible: Optional[bool], local: bool = False, brief
     whenever no removal passes, since irreducibility needs every subset. `brief` drops the
     reason (a table cell)."""
     if irreducible is None and brief:
-        return "not checked" if local else "no verdict"
+        return "irreducibility not checked" if local else "no verdict"
     if irreducible is None:
         return ("not checked (local: no one- or two-edge removal passes)" if local else
                 "no verdict (the circuit fails its own criterion and no subset passes)")
