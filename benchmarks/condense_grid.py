@@ -15,7 +15,8 @@ faithful circuit, searched as the baselines are). Every C1 with at most --max-ve
 verified (`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
 checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
-7.4x. `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
+7.4x: over task-seed rows and, when tasks have unequal seeds, with each task weighed once.
+`--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
 checkpoints/condense_smollm2_<task>/ (seed 0 only). `--combine` pools the rows of earlier
 `--json` outputs (for example seeds run on different days; a later file's row replaces an
 earlier one of the same task and seed) and prints the table and the means over all of them,
@@ -144,6 +145,11 @@ def markdown(rows, summary):
     lines += ["", f"Geometric mean EAP-IG / C1: {f(summary['eap_ig_over_c1'], '.2f')}x (paper: "
               f"{PAPER['eap_ig_over_c1']}x); EAP-IG / C0: {f(summary['eap_ig_over_c0'], '.2f')}x "
               f"(paper: {PAPER['eap_ig_over_c0']}x)."]
+    seeds = {t: sum(r["task"] == t for r in rows) for t in summary.get("per_task", {})}
+    if len(set(seeds.values())) > 1:  # unequal seeds: the pooled mean leans to the tasks with more
+        eq = summary["tasks_weighted_equally"]
+        lines.append(f"Each task weighed once (its seeds' geometric mean first): EAP-IG / C1 "
+                     f"{f(eq['eap_ig_over_c1'], '.2f')}x; EAP-IG / C0 {f(eq['eap_ig_over_c0'], '.2f')}x.")
     for v, name in (("c0", "C0"), ("heal_only", "heal-only")):
         both = [r for r in rows if r.get(f"{v}_edges") and r.get("c1_edges")]
         if both:
@@ -171,7 +177,17 @@ def combine(paths):
 
 
 def summarize(rows):
-    return {k: geomean([r.get(k) for r in rows]) for k in ("eap_ig_over_c1", "eap_ig_over_c0")}
+    """Geometric means over every task-seed row, and over tasks with each task's seeds pooled
+    first: with three seeds of one task and one of another, the first weighs the task with
+    more seeds three times, the second weighs every task once."""
+    keys = ("eap_ig_over_c1", "eap_ig_over_c0")
+    summary = {k: geomean([r.get(k) for r in rows]) for k in keys}
+    tasks = sorted({r["task"] for r in rows})
+    per_task = {t: {k: geomean([r.get(k) for r in rows if r["task"] == t]) for k in keys}
+                for t in tasks}
+    summary["tasks_weighted_equally"] = {k: geomean([per_task[t][k] for t in tasks]) for k in keys}
+    summary["per_task"] = per_task
+    return summary
 
 
 def main(argv=None):

@@ -438,3 +438,21 @@ def test_verify_refuses_a_run_without_its_adapter(full_run, tmp_path):
             os.unlink(os.path.join(out, name))
         with pytest.raises(RecipeError, match="adapter"):
             read_run(out, "verify")
+
+
+def test_grid_means_weigh_each_task_once():
+    """The grid's pooled geometric mean counts every task-seed row; with three seeds of one
+    task and one of another it also gives the mean with each task weighed once."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    rows = [dict(task="a", seed=s, eap_ig_over_c1=100.0, eap_ig_over_c0=1.0) for s in range(3)]
+    rows.append(dict(task="b", seed=0, eap_ig_over_c1=1.0, eap_ig_over_c0=4.0))
+    summary = grid.summarize(rows)
+    assert abs(summary["eap_ig_over_c1"] - 100 ** 0.75) < 1e-9  # three rows of 100, one of 1
+    assert abs(summary["tasks_weighted_equally"]["eap_ig_over_c1"] - 10.0) < 1e-9
+    assert abs(summary["tasks_weighted_equally"]["eap_ig_over_c0"] - 2.0) < 1e-9
+    assert "Each task weighed once" in grid.markdown(rows, summary)
+    assert "Each task weighed once" not in grid.markdown(rows[:3], grid.summarize(rows[:3]))
