@@ -23,6 +23,7 @@ earlier one of the same task and seed) and prints the table and the means over a
 running nothing.
 """
 import argparse
+import collections
 import json
 import math
 import os
@@ -145,7 +146,7 @@ def markdown(rows, summary):
     lines += ["", f"Geometric mean EAP-IG / C1: {f(summary['eap_ig_over_c1'], '.2f')}x (paper: "
               f"{PAPER['eap_ig_over_c1']}x); EAP-IG / C0: {f(summary['eap_ig_over_c0'], '.2f')}x "
               f"(paper: {PAPER['eap_ig_over_c0']}x)."]
-    seeds = {t: sum(r["task"] == t for r in rows) for t in summary.get("per_task", {})}
+    seeds = collections.Counter(r["task"] for r in rows)
     if len(set(seeds.values())) > 1:  # unequal seeds: the pooled mean leans to the tasks with more
         eq = summary["tasks_weighted_equally"]
         lines.append(f"Each task weighed once (its seeds' geometric mean first): EAP-IG / C1 "

@@ -72,6 +72,17 @@ def smollm2():
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="session")
+def condense_grid():
+    """benchmarks/condense_grid.py as a module (benchmarks are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    return grid
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 folder (see tiny_gpt2_folder), one per test module."""

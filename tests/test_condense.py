@@ -440,14 +440,10 @@ def test_verify_refuses_a_run_without_its_adapter(full_run, tmp_path):
             read_run(out, "verify")
 
 
-def test_grid_means_weigh_each_task_once():
+def test_grid_means_weigh_each_task_once(condense_grid):
     """The grid's pooled geometric mean counts every task-seed row; with three seeds of one
     task and one of another it also gives the mean with each task weighed once."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
+    grid = condense_grid
     rows = [dict(task="a", seed=s, eap_ig_over_c1=100.0, eap_ig_over_c0=1.0) for s in range(3)]
     rows.append(dict(task="b", seed=0, eap_ig_over_c1=1.0, eap_ig_over_c0=4.0))
     summary = grid.summarize(rows)

@@ -447,10 +447,9 @@ def test_local_verification_agrees_with_the_exhaustive_table():
     assert abs(report["faithfulness_circuit"] - 1.0) < TOL  # every edge on: the full model
 
 
-def test_irreducibility_has_one_wording():
+def test_irreducibility_has_one_wording(condense_grid):
     """The command line, the HTML report and the grid table word `irreducible` the same way: a
     circuit that fails its criterion with no passing subset gets no verdict in all three."""
-    import importlib.util
     from condense.report import verify_summary
     from condense.verify import irreducibility_words
     assert [irreducibility_words(v) for v in (True, False)] == ["irreducible", "reducible"]
@@ -459,10 +458,7 @@ def test_irreducibility_has_one_wording():
     assert irreducibility_words(None, brief=True) == "no verdict"
     page = verify_summary(dict(mode="exhaustive", irreducible=None, circuit_faithful=False))
     assert irreducibility_words(None) in page and ">irreducible<" not in page.replace("<th>irreducible<", "")
-    spec = importlib.util.spec_from_file_location(
-        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
+    grid = condense_grid
     row = dict(task="ioi", seed=1, verified=True, passes=False, criterion="accuracy",
                irreducible=None, minimal_subset_sizes=[], interacting_pairs="35/55", median_partners=6)
     assert "| fails (accuracy); no verdict;" in grid.markdown([row], grid.summarize([row]))
