@@ -2,7 +2,7 @@
 original was.
 
     HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py RUN [RUN ...] [--n 200] [--split test]
-        [--threads 1] [--json PATH]
+        [--threads 1] [--quantized 4bit|8bit] [--top-n N,N,...] [--json PATH]
 
 For each run folder (a condensation run: circuit.json, adapter; or a frozen scoring run's
 circuit, compared with the model itself): on the run's task rows, the
@@ -16,12 +16,16 @@ probability of that token. The same top-1 agreement as metrics.json's on the sam
 `--quantized 4bit|8bit`: also the top-1 agreement of the original model quantized that way with
 the full-precision original, on each run's rows: how far the next token moves under a change
 of the weights that nobody would call a different model.
+`--top-n`: for a frozen scoring run, its ranking cut to each of these sizes (pruned as its
+search prunes) instead of its smallest faithful circuit: how large a frozen circuit has to be
+before it picks the original's next token as often as a bar asks.
 """
 import argparse
 import collections
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -32,11 +36,12 @@ def _categories(top, answer, distractor):
 
 
 def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
-              batch_size: int = 16) -> dict:
+              batch_size: int = 16, top_n: list | None = None) -> Iterator[dict]:
+    """One result per circuit, each as soon as it is measured: the run's own circuit, or with
+    `top_n` (a frozen scoring run only) the pruned top-n circuit of the run's scores for each
+    n; all against one run of the original."""
     from condense import tasks
     from condense.evaluate import dataset_columns, reference_outputs
-    from condense.metrics import pad_batch
-    from condense.patching import run_graph
     from condense.runs import read_run
 
     run = read_run(run_dir, "analyse")
@@ -44,9 +49,28 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     net, tokenizer, device = run.load_model(threads=threads)
     rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
     graph = run.circuit(net)
+    if top_n and run.adapter:
+        raise SystemExit(f"{run_dir}: --top-n re-ranks a frozen scoring run's scores; this run "
+                         "has an adapter, and its circuit is what condensation kept")
     # a frozen circuit (a scoring run: no adapter) is compared with the model itself
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():
         original = reference_outputs(net, graph, rows, cfg.intervention, batch_size).full_logits
+    for k in top_n or [None]:
+        if k is not None:  # the same ranking at another size, pruned as the search prunes
+            graph.apply_topn(min(k, int(graph.valid.sum())), absolute=cfg.absolute_scores)
+            graph.prune()
+        yield dict(n_requested=k, **_compare(net, graph, cfg, tokenizer, rows, original, device,
+                                             batch_size),
+                   run_dir=run_dir, split=split)
+
+
+def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> dict:
+    """The circuit's last-position logits on `rows` against the original's (`original`)."""
+    from condense import tasks
+    from condense.evaluate import dataset_columns
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+
     cols, n = dataset_columns(rows)
     circuit = torch.zeros_like(original)
     with torch.no_grad():
@@ -75,9 +99,14 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     # IOI's test rows include templates the gate's val rows never had
     by_template = {part: dict(rows=len(idx), agreement=float(agree[idx].float().mean()))
                    for part, idx in tasks.template_parts(rows).items()}
+    kl = torch.nn.functional.kl_div(circuit.log_softmax(-1), original.log_softmax(-1),
+                                    log_target=True, reduction="none").sum(-1)
     return dict(
-        run_dir=run_dir, task=cfg.task, split=split, n_rows=n, edges=graph.count_edges(),
-        top1_agreement=float(agree.float().mean()), by_original_confidence=by_confidence,
+        task=cfg.task, n_rows=n, edges=graph.count_edges(),
+        top1_agreement=float(agree.float().mean()), kl=float(kl.mean()),
+        accuracy=float((circuit.gather(1, answer[:, None]) > circuit.gather(1, distractor[:, None]))
+                       .float().mean()),
+        by_original_confidence=by_confidence,
         by_template=by_template,
         original_top1=dict(collections.Counter(cat_orig)),
         circuit_top1=dict(collections.Counter(cat_circ)),
@@ -131,6 +160,13 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
                 kl=float(kl.mean()), accuracy_full_precision=acc(full), accuracy_quantized=acc(quant))
 
 
+def _sizes(value: str) -> list:
+    sizes = [int(x) for x in value.split(",")]
+    if any(k < 0 for k in sizes):
+        raise argparse.ArgumentTypeError(f"sizes are edge counts, 0 or more: {value}")
+    return sizes
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+")
@@ -139,15 +175,20 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quantized", choices=["4bit", "8bit"], default=None,
                     help="also: the quantized original against the full-precision one per task")
+    ap.add_argument("--top-n", type=_sizes, default=None,
+                    help="comma-separated sizes: a frozen scoring run's ranking cut to each "
+                         "top-n (then pruned), instead of its smallest faithful circuit")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     results = []
-    for run_dir in args.runs:
-        r = breakdown(run_dir, args.n, args.split, args.threads)
+    for r in (r for run_dir in args.runs
+              for r in breakdown(run_dir, args.n, args.split, args.threads, top_n=args.top_n)):
         results.append(r)
         conf = r["by_original_confidence"]
         d = r["disagreeing"]
-        print(f"{os.path.basename(os.path.normpath(run_dir))}: {r['edges']} edges, top-1 agreement "
+        print(f"{os.path.basename(os.path.normpath(r['run_dir']))}: {r['edges']} edges"
+              + (f" (top-{r['n_requested']})" if r["n_requested"] is not None else "")
+              + f", accuracy {r['accuracy']:.3f}, KL {r['kl']:.3f}, top-1 agreement "
               f"{r['top1_agreement']:.3f}; original sure (p >= 0.5) on {conf['>=0.5']['rows']} rows: "
               f"{conf['>=0.5']['agreement']:.3f}, unsure on {conf['<0.5']['rows']}: "
               f"{conf['<0.5']['agreement']:.3f}; "
@@ -176,6 +217,7 @@ def main(argv=None):
                            + " ".join(args.runs) + f" --n {args.n} --split {args.split}"
                            f" --threads {args.threads}"
                            + (f" --quantized {args.quantized}" if args.quantized else "")
+                           + (" --top-n " + ",".join(map(str, args.top_n)) if args.top_n else "")
                            + f" --json {args.json}",
                            results=results, quantized=quantized), f, indent=1)
 

@@ -72,15 +72,24 @@ def smollm2():
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="session")
-def condense_grid():
-    """benchmarks/condense_grid.py as a module (benchmarks are scripts, not a package)."""
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module (benchmarks are scripts, not a package)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        "condense_grid", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "condense_grid.py"))
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
-    return grid
+        name, os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def condense_grid():
+    return _benchmark("condense_grid")
+
+
+@pytest.fixture(scope="session")
+def top1_agreement():
+    return _benchmark("top1_agreement")
 
 
 @pytest.fixture(scope="module")

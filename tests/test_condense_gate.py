@@ -193,3 +193,42 @@ def test_heal_corrupted_term_is_the_empty_circuits_kl_to_the_original(tiny_model
     assert _run(recipe, f"output_dir={out}")["final_heal"]["rows"] == 12
     with pytest.raises(RecipeError, match="heal_corrupted_weight"):
         _run(recipe, f"output_dir={out}", "heal_corrupted_weight=0")
+
+
+def test_heal_temperature_sharpens_both_distributions(tiny_model, tmp_path):
+    """heal_temperature t: the task-row loss is t^2 KL(P_t || Q_t), where P_t is the original's
+    distribution raised to the power 1/t and renormalised (computed here that way, not through
+    logits); t = 1 is the recipe's loss; the key is checked and is part of the resume fingerprint."""
+    import dataclasses
+    from condense.config import RecipeError
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+    model, cfg, rows, _, full = _setup(tiny_model, tmp_path)
+    target = healing.last_logprobs(model, rows, 8)
+    model = healing.add_adapter(model, cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 5)
+    circuit = _random_circuit(full, 0)
+    cols, idx = {k: list(rows[k]) for k in rows.column_names}, list(range(8))
+    clean, mask, lengths = pad_batch(cols["clean_ids"])
+    bad, _, _ = pad_batch(cols["corrupted_ids"])
+    with torch.no_grad():
+        q = torch.softmax(run_graph(model, circuit, clean, bad, mask,
+                                    logit_positions=lengths - 1).double(), -1)
+    p = target.double().exp()
+    for t in (1.0, 0.5, 0.25):
+        pt, qt = p ** (1 / t), q ** (1 / t)
+        pt, qt = pt / pt.sum(-1, keepdim=True), qt / qt.sum(-1, keepdim=True)
+        expected = t * t * (pt * (pt.log() - qt.log())).sum(-1).mean().item()
+        with torch.no_grad():
+            got = healing.heal_loss(model, circuit, cols, idx, target,
+                                    dataclasses.replace(cfg, heal_temperature=t)).item()
+        assert got == pytest.approx(expected, rel=1e-3) and got > 1e-3
+    with pytest.raises(RecipeError, match="heal_temperature"):
+        load_config_for(tmp_path, "heal_temperature=0")
+    from condense.methods.condensation.state import _fingerprint
+    assert "heal_temperature" not in _fingerprint(cfg)  # 1: states written before it resume
+    assert _fingerprint(dataclasses.replace(cfg, heal_temperature=0.5))["heal_temperature"] == 0.5

@@ -40,6 +40,12 @@ class CondenseConfig(RunConfig):
                 "prompts (full graph) added to the heal loss: keeps the empty circuit (the "
                 "adapted model on the corrupted prompt) from learning to answer from the "
                 "corruption, which gate_empty_fails would reject. 0: the design's loss"})
+    heal_temperature: float = field(default=1.0, metadata={
+        "help": "temperature of the task-row distillation: KL between the original's and the "
+                "circuit's next-token distributions both divided by it, times its square; below "
+                "1 sharpens both, weighting which token is on top over the tail "
+                "(benchmarks/heal_objective.py). The general-text and corrupted-prompt terms "
+                "stay at 1. 1: the design's loss"})
     heal_gate_every: int = field(default=0, metadata={
         "help": "during a heal, run the gate on the candidate every this many steps (with the "
                 "base in its own dtype) and end the heal as soon as it accepts; the heal's "
@@ -114,6 +120,7 @@ class CondenseConfig(RunConfig):
                     "heal_gate_every"):
             at_least(self, key, 0)
         at_least(self, "heal_lr", 0, strict=True)
+        at_least(self, "heal_temperature", 0, strict=True)
 
         def bad(key, why):
             raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")

@@ -117,9 +117,13 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg):
     logits = run_graph(model, graph, clean.to(device), corrupted.to(device), mask.to(device),
                        intervention=cfg.intervention, logit_positions=(lengths - 1).to(device),
                        ablated_grad=cfg.heal_ablated_grad)
-    logp = F.log_softmax(logits.float(), -1)
+    t = cfg.heal_temperature
+    logp = F.log_softmax(logits.float() / t, -1)
     target = target_logp[idx].to(device)
-    return kl_rows(target, logp).mean()
+    if t != 1.0:  # log-probabilities are logits up to a constant, so they sharpen the same way
+        target = F.log_softmax(target / t, -1)
+    # times t^2 so that the gradient's scale does not move with t (Hinton et al.'s distillation)
+    return kl_rows(target, logp).mean() * t * t
 
 
 def corrupted_loss(model, cols, idx, corrupted_logp):

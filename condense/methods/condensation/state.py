@@ -79,11 +79,11 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
                "heal_stop_loss", "gate_faithfulness", "rank_rows", "early_rank_method",
                "early_rank_edges", "heal_if_needed", "heal_dtype", "heal_gate_every",
-               "gate_empty_fails", "heal_corrupted_weight", "gate_top1_agreement")
+               "gate_empty_fails", "heal_corrupted_weight", "gate_top1_agreement", "heal_temperature")
 # a key at this value is left out of the fingerprint, so a state written before it existed resumes
 OFF = dict(gate_faithfulness=0.0, rank_rows=None, early_rank_method=None, early_rank_edges=0,
            heal_if_needed=False, heal_dtype=None, heal_gate_every=0, gate_empty_fails=False,
-           heal_corrupted_weight=0.0, gate_top1_agreement=0.0)
+           heal_corrupted_weight=0.0, gate_top1_agreement=0.0, heal_temperature=1.0)
 
 
 def _fingerprint(cfg):

@@ -1,0 +1,110 @@
+"""Does a sharper distillation target buy top-1 agreement? The final heal of a condensed
+circuit redone from a fresh adapter at several `heal_temperature`s.
+
+    HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py [--task ioi] [--circuit PATH]
+        [--temperatures 1,0.5,0.25] [--steps N] [--rows N] [--threads 1] [--json PATH]
+
+The recipe is recipes/condense/smollm2_<task>.yaml and the circuit the shipped C1
+(checkpoints/condense_smollm2_<task>/circuit.json) unless `--circuit` names another. For each
+temperature: the recipe's fresh adapter (the same seed, so the same start every time), then
+condense.methods.condensation.healing.heal itself for the recipe's final heal (its
+`final_heal_steps` on its first `final_heal_rows` train rows, no early stop; the general-text
+and corrupted-prompt terms as the recipe sets them, the same batches every time), then the
+loop's own test metrics against the original (accuracy, KL, top-1 agreement, by template where
+the task has both) and the general-text perplexity ratio. Temperature 1 is the recipe's loss;
+below 1 both distributions are sharpened before the KL, which weights which token is on top
+over the rest of the vocabulary, the thing top-1 agreement counts.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="ioi")
+    ap.add_argument("--circuit", default=None,
+                    help="circuit.json to heal (default: the shipped C1 of the task)")
+    ap.add_argument("--temperatures", default="1,0.5,0.25")
+    ap.add_argument("--steps", type=int, default=None, help="default: the recipe's final_heal_steps")
+    ap.add_argument("--rows", type=int, default=None, help="default: the recipe's final_heal_rows")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from condense import tasks
+    from condense.evaluate import reference_outputs
+    from condense.graph import Graph
+    from condense.methods.condensation import healing
+    from condense.methods.condensation.gate import circuit_metrics, template_split_metrics
+    from condense.metrics import perplexity
+    from condense.models import load_model, load_tokenizer
+    from condense.runs import load_config
+
+    cfg = load_config(os.path.join(ROOT, "recipes", "condense", f"smollm2_{args.task}.yaml"), [])
+    steps = args.steps if args.steps is not None else cfg.final_heal_steps
+    n_rows = args.rows or cfg.final_heal_rows or cfg.n_train
+    cfg = dataclasses.replace(cfg, heal_steps=steps, heal_stop_loss=0.0)
+    circuit_file = args.circuit or os.path.join(ROOT, "checkpoints", f"condense_smollm2_{args.task}",
+                                                "circuit.json")
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model)
+    circuit = Graph.from_json(circuit_file, model)
+    full = Graph.from_model(model)
+    rows = tasks.load_task(cfg.task, tok, "train", n=n_rows, seed=cfg.seed)
+    test = tasks.load_task(cfg.task, tok, "test", n=cfg.n_test, seed=cfg.seed)
+    blocks = list(tasks.general_text(tok, "train")["input_ids"])
+    val_blocks = list(tasks.general_text(tok, "val")["input_ids"])[:cfg.n_general]
+    target = healing.last_logprobs(model, rows, cfg.batch_size)
+    corrupted = (healing.last_logprobs(model, rows, cfg.batch_size, "corrupted_ids")
+                 if cfg.heal_corrupted_weight > 0 else None)
+    test_ref = reference_outputs(model, full, test, cfg.intervention, cfg.batch_size)
+    ppl_original = perplexity(model, val_blocks, cfg.batch_size)
+    results = dict(command="HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
+                   task=cfg.task, circuit=os.path.relpath(circuit_file, ROOT),
+                   edges=circuit.count_edges(on_path=True), steps=steps, rows=len(rows),
+                   threads=args.threads, heals=[])
+    print(f"{cfg.task}: {results['edges']}-edge circuit, {steps} heal steps on {len(rows)} rows, "
+          f"from a fresh adapter each time", flush=True)
+    for t in (float(x) for x in args.temperatures.split(",")):
+        run_cfg = dataclasses.replace(cfg, heal_temperature=t)
+        peft_model = healing.add_adapter(model, run_cfg)  # same seed: the same fresh adapter
+        t0 = time.perf_counter()
+        losses = healing.heal(peft_model, circuit, rows, target, run_cfg, 1,
+                              general_blocks=blocks, corrupted_logp=corrupted,
+                              desc=f"heal at temperature {t}")
+        seconds = time.perf_counter() - t0
+        m = circuit_metrics(peft_model, circuit, test, test_ref, run_cfg)
+        m.update(template_split_metrics(peft_model, circuit, test, test_ref, run_cfg))
+        ppl = perplexity(peft_model, val_blocks, cfg.batch_size)
+        record = dict(temperature=t, heal_seconds=seconds, last_loss=losses[-1],
+                      accuracy=m["accuracy"], accuracy_original=m["accuracy_full"], kl=m["kl"],
+                      top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
+                      ppl_ratio=ppl / ppl_original,
+                      **{k: v for k, v in m.items() if k.endswith("_templates")})
+        results["heals"].append(record)
+        print(f"temperature {t}: test accuracy {record['accuracy']:.3f} (original "
+              f"{record['accuracy_original']:.3f}), KL {record['kl']:.4f}, top-1 agreement "
+              f"{record['top1_agreement']:.3f}"
+              + "".join(f", {k.replace('top1_agreement_', '').replace('_', ' ')} {v:.3f}"
+                        for k, v in record.items() if k.startswith("top1_agreement_"))
+              + f", ppl ratio {record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}; "
+              f"heal {seconds:.0f} s", flush=True)
+        model = peft_model.unload()
+        if args.json:  # after every temperature, so that a stopped run keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
