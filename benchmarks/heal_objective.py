@@ -1,5 +1,5 @@
-"""Does a sharper distillation target buy top-1 agreement? The final heal of a condensed
-circuit redone from a fresh adapter at several `heal_temperature`s.
+"""Does a sharper (or softer) distillation target buy top-1 agreement? The final heal of a
+condensed circuit redone from a fresh adapter at several `heal_temperature`s.
 
     HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py [--task ioi] [--circuit PATH]
         [--temperatures 1,0.5,0.25] [--steps N] [--rows N] [--threads 1] [--json PATH]
@@ -13,7 +13,8 @@ and corrupted-prompt terms as the recipe sets them, the same batches every time)
 loop's own test metrics against the original (accuracy, KL, top-1 agreement, by template where
 the task has both) and the general-text perplexity ratio. Temperature 1 is the recipe's loss;
 below 1 both distributions are sharpened before the KL, which weights which token is on top
-over the rest of the vocabulary, the thing top-1 agreement counts.
+over the rest of the vocabulary, the thing top-1 agreement counts; above 1 they are softened,
+which weights the rest.
 """
 import argparse
 import dataclasses

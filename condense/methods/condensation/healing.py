@@ -122,7 +122,8 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg):
     target = target_logp[idx].to(device)
     if t != 1.0:  # log-probabilities are logits up to a constant, so they sharpen the same way
         target = F.log_softmax(target / t, -1)
-    # times t^2 so that the gradient's scale does not move with t (Hinton et al.'s distillation)
+    # times t^2, the usual distillation scaling (Hinton et al.): above 1 it keeps the gradient
+    # on the scale of t = 1's; at t = 1 the loss is the design's, unchanged
     return kl_rows(target, logp).mean() * t * t
 
 
