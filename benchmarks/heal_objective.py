@@ -28,12 +28,24 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
+def _temperatures(value: str) -> list:
+    ts = [float(x) for x in value.split(",")]
+    if any(t <= 0 for t in ts):
+        raise argparse.ArgumentTypeError(f"temperatures must be above 0: {value}")
+    return ts
+
+
 def main(argv=None):
+    recipes = sorted(f[len("smollm2_"):-len(".yaml")]
+                     for f in os.listdir(os.path.join(ROOT, "recipes", "condense"))
+                     if f.startswith("smollm2_") and f.endswith(".yaml"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--task", default="ioi")
+    ap.add_argument("--task", default="ioi", choices=recipes,
+                    help="a task with a recipes/condense/smollm2_<task>.yaml")
     ap.add_argument("--circuit", default=None,
                     help="circuit.json to heal (default: the shipped C1 of the task)")
-    ap.add_argument("--temperatures", default="1,0.5,0.25")
+    ap.add_argument("--temperatures", type=_temperatures, default=[1.0, 0.5, 0.25],
+                    help="comma-separated heal_temperature values, each above 0")
     ap.add_argument("--steps", type=int, default=None, help="default: the recipe's final_heal_steps")
     ap.add_argument("--rows", type=int, default=None, help="default: the recipe's final_heal_rows")
     ap.add_argument("--threads", type=int, default=1)
@@ -56,6 +68,8 @@ def main(argv=None):
     cfg = dataclasses.replace(cfg, heal_steps=steps, heal_stop_loss=0.0)
     circuit_file = args.circuit or os.path.join(ROOT, "checkpoints", f"condense_smollm2_{args.task}",
                                                 "circuit.json")
+    if not os.path.exists(circuit_file):
+        raise SystemExit(f"no circuit {circuit_file}: name one with --circuit")
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model)
     circuit = Graph.from_json(circuit_file, model)
@@ -76,7 +90,7 @@ def main(argv=None):
                    threads=args.threads, heals=[])
     print(f"{cfg.task}: {results['edges']}-edge circuit, {steps} heal steps on {len(rows)} rows, "
           f"from a fresh adapter each time", flush=True)
-    for t in (float(x) for x in args.temperatures.split(",")):
+    for t in args.temperatures:
         run_cfg = dataclasses.replace(cfg, heal_temperature=t)
         peft_model = healing.add_adapter(model, run_cfg)  # same seed: the same fresh adapter
         t0 = time.perf_counter()

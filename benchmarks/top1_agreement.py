@@ -30,6 +30,12 @@ from collections.abc import Iterator
 import torch
 
 
+def _accuracy(logits, answer, distractor) -> float:
+    """Fraction of rows whose answer token's logit is above the distractor's."""
+    return float((logits.gather(1, answer[:, None]) > logits.gather(1, distractor[:, None]))
+                 .float().mean())
+
+
 def _categories(top, answer, distractor):
     return ["answer" if t == a else "distractor" if t == d else "other"
             for t, a, d in zip(top.tolist(), answer.tolist(), distractor.tolist())]
@@ -41,7 +47,8 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     `top_n` (a frozen scoring run only) the pruned top-n circuit of the run's scores for each
     n; all against one run of the original."""
     from condense import tasks
-    from condense.evaluate import dataset_columns, reference_outputs
+    from condense.curves import pruned_topn
+    from condense.evaluate import reference_outputs
     from condense.runs import read_run
 
     run = read_run(run_dir, "analyse")
@@ -55,10 +62,12 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     # a frozen circuit (a scoring run: no adapter) is compared with the model itself
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():
         original = reference_outputs(net, graph, rows, cfg.intervention, batch_size).full_logits
+    total = int(graph.valid.sum())
+    if top_n and max(top_n) > total:
+        raise SystemExit(f"--top-n {max(top_n)}: the graph has {total} edges (sizes 0 to {total})")
     for k in top_n or [None]:
         if k is not None:  # the same ranking at another size, pruned as the search prunes
-            graph.apply_topn(min(k, int(graph.valid.sum())), absolute=cfg.absolute_scores)
-            graph.prune()
+            pruned_topn(graph, k, cfg.absolute_scores)
         yield dict(n_requested=k, **_compare(net, graph, cfg, tokenizer, rows, original, device,
                                              batch_size),
                    run_dir=run_dir, split=split)
@@ -68,7 +77,7 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     """The circuit's last-position logits on `rows` against the original's (`original`)."""
     from condense import tasks
     from condense.evaluate import dataset_columns
-    from condense.metrics import pad_batch
+    from condense.metrics import kl_rows, pad_batch
     from condense.patching import run_graph
 
     cols, n = dataset_columns(rows)
@@ -99,13 +108,11 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     # IOI's test rows include templates the gate's val rows never had
     by_template = {part: dict(rows=len(idx), agreement=float(agree[idx].float().mean()))
                    for part, idx in tasks.template_parts(rows).items()}
-    kl = torch.nn.functional.kl_div(circuit.log_softmax(-1), original.log_softmax(-1),
-                                    log_target=True, reduction="none").sum(-1)
+    kl = kl_rows(original.log_softmax(-1), circuit.log_softmax(-1))
     return dict(
         task=cfg.task, n_rows=n, edges=graph.count_edges(),
         top1_agreement=float(agree.float().mean()), kl=float(kl.mean()),
-        accuracy=float((circuit.gather(1, answer[:, None]) > circuit.gather(1, distractor[:, None]))
-                       .float().mean()),
+        accuracy=_accuracy(circuit, answer, distractor),
         by_original_confidence=by_confidence,
         by_template=by_template,
         original_top1=dict(collections.Counter(cat_orig)),
@@ -133,6 +140,7 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
     from condense import tasks
     from condense.evaluate import dataset_columns
     from condense.methods.condensation.healing import last_logprobs
+    from condense.metrics import kl_rows
     from condense.models import load_model, load_tokenizer
     from condense.runtime import apply_thread_policy
     from condense.runs import read_run
@@ -149,15 +157,13 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
             logp[q] = last_logprobs(net, rows, batch_size)
         del net
     full, quant = logp[None], logp[quantization]
-    kl = torch.nn.functional.kl_div(quant, full, log_target=True,
-                                    reduction="none").sum(-1)
+    kl = kl_rows(full, quant)
     answer = torch.tensor([int(a) for a in cols["answer_id"]])
     distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
-    acc = lambda lg: float(((lg.gather(1, answer[:, None]) - lg.gather(1, distractor[:, None])) > 0)
-                           .float().mean())
     return dict(task=cfg.task, model=cfg.model, quantization=quantization, n_rows=n,
                 top1_agreement=float((full.argmax(-1) == quant.argmax(-1)).float().mean()),
-                kl=float(kl.mean()), accuracy_full_precision=acc(full), accuracy_quantized=acc(quant))
+                kl=float(kl.mean()), accuracy_full_precision=_accuracy(full, answer, distractor),
+                accuracy_quantized=_accuracy(quant, answer, distractor))
 
 
 def _sizes(value: str) -> list:

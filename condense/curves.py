@@ -28,6 +28,13 @@ def trapezoid(x, y):
     return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(x, x[1:], y, y[1:]))
 
 
+def pruned_topn(graph, n: int, absolute: bool = True):
+    """`graph` (in place, and returned) as its top-n circuit the way MIB evaluates one: the n
+    best-scoring edges, then only those on an input -> logits path."""
+    graph.apply_topn(n, absolute=absolute)
+    return graph.prune()
+
+
 @dataclass
 class Curve:
     """Faithfulness of top-n circuits at the given fractions of all edges."""
@@ -64,8 +71,7 @@ class _TopN:
         self.seen = {}
 
     def circuit(self, n):
-        self.graph.apply_topn(n, absolute=self.absolute)
-        return self.graph.prune()
+        return pruned_topn(self.graph, n, self.absolute)
 
     def __call__(self, n):
         """(faithfulness, circuit size) of the pruned top-n circuit."""
