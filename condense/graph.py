@@ -15,6 +15,7 @@ import gzip
 import heapq
 import json
 import shutil
+from typing import Optional
 
 import torch
 
@@ -267,15 +268,20 @@ class Graph:
             raise KeyError(f"no edge {name!r}: {src} is written after {dst} reads")
         return s, r
 
-    def to_image(self, path) -> None:
+    def to_image(self, path, max_drawn_edges: Optional[int] = None) -> None:
         """Draw the in-graph edges to a PNG: graphviz (python package and `dot`) when both are
-        present, else matplotlib. Nodes sit in rows by layer; line width follows |score|."""
+        present, else matplotlib. Nodes sit in rows by layer; line width follows |score|. Above
+        `max_drawn_edges` (default `graph_image.MAX_DRAWN_EDGES`) edges, a summary instead:
+        which heads and MLPs the circuit touches, and its edges counted from layer to layer."""
         try:
             import graphviz
         except ImportError:
             graphviz = None
-        from condense.graph_image import draw_graphviz, draw_matplotlib
-        if graphviz is not None and shutil.which("dot"):
+        from condense.graph_image import MAX_DRAWN_EDGES, draw_graphviz, draw_matplotlib, draw_summary
+        limit = MAX_DRAWN_EDGES if max_drawn_edges is None else max_drawn_edges
+        if self.count_edges() > limit:
+            draw_summary(self, path)
+        elif graphviz is not None and shutil.which("dot"):
             draw_graphviz(self, path, graphviz)
         else:
             draw_matplotlib(self, path)

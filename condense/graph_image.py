@@ -1,6 +1,9 @@
 """Pictures of a circuit (`Graph.to_image`): the in-graph edges as a PNG, drawn by graphviz
-when its package and `dot` are installed, else by matplotlib. Kept apart from the graph's
-tensors so that reading `condense/graph.py` needs no plotting code."""
+when its package and `dot` are installed, else by matplotlib; above `MAX_DRAWN_EDGES` edges a
+summary instead (which nodes the circuit touches, and how many of its edges run from each layer
+to each later one), because thousands of lines drawn one by one make an image of several MB
+that nobody can read. Kept apart from the graph's tensors so that reading `condense/graph.py`
+needs no plotting code."""
 import torch
 
 from condense.artifacts import atomic_write
@@ -8,6 +11,7 @@ from condense.graph_views import Edge, Node
 
 _QKV_COLORS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#9467bd", None: "#444444"}
 _ROLE_COLORS = {"functional": "#e4572e", "passthrough": "#76b041", "unimportant": "#dddddd"}
+MAX_DRAWN_EDGES = 300  # above this many edges `Graph.to_image` draws `draw_summary`
 
 
 def _node_color(graph, index):
@@ -96,3 +100,67 @@ def draw_graphviz(graph, path, graphviz) -> None:
     data = dot.pipe(format="png")
     atomic_write(path, data)
 
+
+
+def node_degrees(graph) -> torch.Tensor:
+    """[n_layers, n_heads + 1]: in-graph edges into or out of each head (columns 0..H-1) and
+    each layer's MLP (last column); input and logits are left out (every circuit has them)."""
+    edges = graph.in_graph & graph.valid
+    per_node = torch.zeros(len(graph.node_names), dtype=torch.long)
+    per_node[: graph.n_senders] = edges.sum(1)
+    per_node.index_add_(0, graph.receiver_node, edges.sum(0))
+    grid = torch.zeros(graph.n_layers, graph.n_heads + 1, dtype=torch.long)
+    for layer in range(graph.n_layers):
+        for head in range(graph.n_heads):
+            grid[layer, head] = per_node[graph.head_sender(layer, head)]
+        grid[layer, graph.n_heads] = per_node[graph.mlp_sender(layer)]
+    return grid
+
+
+def layer_edge_counts(graph) -> torch.Tensor:
+    """[n_layers + 1, n_layers + 1]: in-graph edges by sender row (0 = input, 1 + l = layer l)
+    and receiver column (l = layer l, n_layers = logits)."""
+    L = graph.n_layers
+    sender_row = torch.tensor([Node(graph, i).layer + 1 for i in range(graph.n_senders)])
+    receiver_col = torch.tensor([Node(graph, int(n)).layer for n in graph.receiver_node])
+    s, r = torch.nonzero(graph.in_graph & graph.valid, as_tuple=True)
+    flat = sender_row[s] * (L + 1) + receiver_col[r]
+    return torch.bincount(flat, minlength=(L + 1) ** 2).reshape(L + 1, L + 1)
+
+
+def draw_summary(graph, path) -> None:
+    """A circuit too large to draw edge by edge: left, each head and MLP coloured by how many of
+    the circuit's edges touch it (blank: not in the circuit); right, the circuit's edges counted
+    from each layer to each later one. Log colour scales, since counts span orders of magnitude."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    degrees, counts = node_degrees(graph).double(), layer_edge_counts(graph).double()
+    L, H = graph.n_layers, graph.n_heads
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(4.5, L * 0.22 + 1.5)),
+                                      gridspec_kw=dict(width_ratios=[H + 1 + 2, L + 1]))
+    norm = LogNorm(vmin=1, vmax=max(2.0, float(degrees.max())))
+    shown = left.imshow(degrees.masked_fill(degrees == 0, float("nan")).numpy(), origin="lower",
+                        aspect="auto", cmap="viridis", norm=norm, interpolation="nearest")
+    left.set_xticks(range(H + 1), [str(h) for h in range(H)] + ["MLP"], fontsize=7)
+    left.set_xlabel("head")
+    left.set_ylabel("layer")
+    nodes = int((degrees > 0).sum())
+    left.set_title(f"{nodes} of {L * (H + 1)} heads and MLPs touched", fontsize=9)
+    fig.colorbar(shown, ax=left, label="edges into or out of the node", shrink=0.8)
+    norm = LogNorm(vmin=1, vmax=max(2.0, float(counts.max())))
+    shown = right.imshow(counts.masked_fill(counts == 0, float("nan")).numpy(), origin="lower",
+                         aspect="auto", cmap="magma_r", norm=norm, interpolation="nearest")
+    ticks = list(range(0, L + 1, max(1, (L + 1) // 8)))
+    right.set_yticks(ticks, ["input" if t == 0 else str(t - 1) for t in ticks], fontsize=7)
+    right.set_xticks(ticks, ["logits" if t == L else str(t) for t in ticks], fontsize=7)
+    right.set_ylabel("sender layer")
+    right.set_xlabel("receiver layer")
+    right.set_title("edges from layer to layer", fontsize=9)
+    fig.colorbar(shown, ax=right, label="edges", shrink=0.8)
+    fig.suptitle(f"{graph.count_edges()} edges (too many to draw one by one)")
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
+    plt.close(fig)

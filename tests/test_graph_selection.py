@@ -66,3 +66,38 @@ def test_prune_json_round_trip_and_image(tmp_path):
     image = tmp_path / "circuit.png"
     g.to_image(image)
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_large_circuit_picture_counts_nodes_and_layer_pairs(tmp_path, monkeypatch):
+    """Above max_drawn_edges the picture is the summary, and its two tables match a count over
+    the edges' own names."""
+    from condense import graph_image
+    g = _scored_graph(1)
+    g.apply_topn(60)
+    degrees, counts = graph_image.node_degrees(g), graph_image.layer_edge_counts(g)
+    want_deg = torch.zeros_like(degrees)
+    want_counts = torch.zeros_like(counts)
+    layer_of = lambda n: -1 if n == "input" else g.n_layers if n == "logits" else int(n[1:].split(".")[0])
+    for name, edge in g.edges.items():
+        if not edge.in_graph:
+            continue
+        src, dst = name.split("->")
+        dst = dst.split("<")[0]
+        for node in (src, dst):
+            if node not in ("input", "logits"):
+                col = int(node.split(".h")[1]) if node[0] == "a" else g.n_heads
+                want_deg[layer_of(node), col] += 1
+        want_counts[layer_of(src) + 1, layer_of(dst)] += 1
+    assert torch.equal(degrees, want_deg) and torch.equal(counts, want_counts)
+    assert int(counts.sum()) == 60 and int(degrees.sum()) > 0
+
+    drawn = []
+    monkeypatch.setattr(graph_image, "draw_summary",
+                        lambda graph, path: drawn.append("summary") or graph_image.draw_matplotlib(graph, path))
+    g.to_image(tmp_path / "small.png", max_drawn_edges=60)
+    assert drawn == []
+    g.to_image(tmp_path / "large.png", max_drawn_edges=59)
+    assert drawn == ["summary"]
+    monkeypatch.undo()
+    g.to_image(tmp_path / "summary.png", max_drawn_edges=0)
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

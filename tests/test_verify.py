@@ -284,6 +284,11 @@ def test_oversize_circuit_refused_before_loading(tmp_path, capsys):
     assert f"{g.n_edges} in-graph edges" in err and "--max-edges 20" in err
     with pytest.raises(CircuitTooLarge, match="limited to 5 edges"):
         verify_circuit(model, g, random_rows(), max_edges=5)
+    # a large circuit shipped gzipped is read, and counted, the same way
+    (run / "circuit.json").unlink()
+    g.to_json(run / "circuit.json.gz")
+    with pytest.raises(CircuitTooLarge, match=rf"{g.n_edges} in-graph edges.*limited to 20 edges"):
+        verify_run(str(run))
 
 
 def saved_tiny_gpt2(tmp_path, tokenizer):

@@ -35,6 +35,7 @@ indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
 Subsets are evaluated many per pass by condense.verify.subsets.SubsetEvaluator.
 """
 import argparse
+import gzip
 import io
 import json
 import math
@@ -70,8 +71,9 @@ def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
 
 
 def count_circuit_edges(path):
-    """In-graph edges of a MIB circuit.json, read without a model."""
-    with open(path) as f:
+    """In-graph edges of a MIB circuit.json (gzipped when the path ends in .gz), read without a
+    model."""
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         return sum(1 for e in json.load(f)["edges"].values() if e.get("in_graph"))
 
 
@@ -229,12 +231,9 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     from condense.runs import read_run
 
     begin = time.perf_counter()
-    circuit_path = os.path.join(run_dir, "circuit.json")
-    if not os.path.exists(circuit_path):
-        raise FileNotFoundError(f"{run_dir}: no circuit.json to verify")
+    run = read_run(run_dir, "verify")  # circuit.json, or circuit.json.gz for large circuits
     if not local:
-        check_size(count_circuit_edges(circuit_path), max_edges)  # before anything loads
-    run = read_run(run_dir, "verify")
+        check_size(count_circuit_edges(run.circuit_path), max_edges)  # before anything loads
     cfg = run.config
     task = task or cfg.task
     intervention = intervention or cfg.intervention
