@@ -6,6 +6,12 @@ import os
 # condense module imports torch, unless the environment already says otherwise.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Freed blocks of up to 32 MiB stay in the heap for the next pass instead of going back to the
+# kernel (condense.runtime says why; CONDENSE_KEEP_FREED_MEMORY=0 leaves the allocator alone).
+from condense.runtime import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()
+
 __version__ = "0.1.0"
 
 # peft imports bitsandbytes when it is installed, and on CPUs with AVX512-BF16 bitsandbytes
