@@ -17,10 +17,10 @@ Memory: glibc's allocator gives freed memory back to the kernel (blocks it mappe
 own, and the free top of its heap beyond a trim threshold; its own thresholds adapt only so
 far), so a pass that allocates the same tens of MB again pays a page fault for every 4 KB of
 it, each time. EAP-IG's interpolation passes do exactly that (one [27, batch, tokens, width]
-tensor per attention layer and step: 20 MB on SmolLM2 at 16 x 20 tokens): measured there, 0.6 to
-1.9 million page faults per attribution and about a third of its CPU time.
+tensor per attention layer and step: 20 MB on SmolLM2 at 16 x 20 tokens): measured there
+(benchmarks/freed_memory.py), 1.1 million page faults per call and 13 % of its CPU time.
 `keep_freed_memory` (called when condense is imported, on glibc) keeps blocks of up to 32 MiB
-(glibc's largest setting) in the heap for reuse instead; peak memory is unchanged. Set
+(glibc's largest setting) in the heap for reuse instead; peak memory grows by about 1 %. Set
 `CONDENSE_KEEP_FREED_MEMORY=0`, or glibc's own `MALLOC_MMAP_THRESHOLD_`,
 `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_` or `GLIBC_TUNABLES=glibc.malloc...`, to leave the
 allocator as it was (or as you set it).
