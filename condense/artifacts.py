@@ -1,5 +1,7 @@
 """Atomic writes of run artifacts (docs/design.md §6): write a temporary file beside the target,
-then rename it over the target, so a killed run never leaves half a file behind."""
+then rename it over the target, so a killed run never leaves half a file behind. Also the one
+reader of JSON artifacts, gzipped or not."""
+import gzip
 import json
 import os
 import tempfile
@@ -34,3 +36,9 @@ def _umask():
 
 def write_json(path, obj):
     atomic_write(path, json.dumps(obj, indent=1) + "\n")
+
+
+def read_json(path):
+    """Load a JSON file; a path ending in .gz is read as gzipped JSON (large circuits ship so)."""
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        return json.load(f)

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from condense.artifacts import atomic_write
+from condense.artifacts import atomic_write, read_json
 from condense.graph_views import EdgeMap, NodeMap
 from condense.model_parts import model_shape
 
@@ -225,8 +225,7 @@ class Graph:
     def from_json(cls, path, model) -> "Graph":
         """Load a MIB-format graph for `model` (edges absent from the file are out of the
         graph); a path ending in .gz is read as gzipped JSON."""
-        with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
-            d = json.load(f)
+        d = read_json(path)
         g = cls.from_model(model)
         g.check_json(d, path)
         g.in_graph = torch.zeros_like(g.valid)

@@ -18,7 +18,6 @@ thousands of edges) draw their strongest `--edges` edges first, with a control f
 from __future__ import annotations
 
 import argparse
-import gzip
 import html
 import json
 import math
@@ -26,7 +25,7 @@ import os
 import sys
 from typing import Optional
 
-from condense.artifacts import atomic_write
+from condense.artifacts import atomic_write, read_json
 from condense.verify.verdict import irreducibility_words
 
 DEFAULT_SHOWN_EDGES = 1000
@@ -37,8 +36,7 @@ KIND_COLOURS = {"q": "#2f6fdf", "k": "#1a9a50", "v": "#e07b00", "": "#666666"}
 def _read_json(path: str):
     if not os.path.exists(path):
         return None
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def _read_jsonl(path: str) -> list:

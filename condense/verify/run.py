@@ -35,9 +35,7 @@ indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
 Subsets are evaluated many per pass by condense.verify.subsets.SubsetEvaluator.
 """
 import argparse
-import gzip
 import io
-import json
 import math
 import os
 import sys
@@ -46,6 +44,7 @@ from typing import Optional
 
 import torch
 
+from condense.artifacts import read_json
 from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, local_masks
@@ -73,8 +72,7 @@ def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
 def count_circuit_edges(path):
     """In-graph edges of a MIB circuit.json (gzipped when the path ends in .gz), read without a
     model."""
-    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
-        return sum(1 for e in json.load(f)["edges"].values() if e.get("in_graph"))
+    return sum(1 for e in read_json(path)["edges"].values() if e.get("in_graph"))
 
 
 CRITERIA = ("run", "faithfulness", "accuracy", "both")

@@ -1,10 +1,9 @@
 """Condensation's recipe keys (CondenseConfig) and the checks that run before any model loads."""
-import gzip
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from condense.artifacts import read_json
 from condense.config import RecipeError, RunConfig, at_least
 
 
@@ -160,8 +159,7 @@ def read_circuit_file(path, what="init_circuit"):
     if not os.path.exists(path):
         raise RecipeError(f"recipe key {what!r}: no such circuit file {path}")
     try:
-        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-            d = json.load(f)
+        d = read_json(path)
     except (ValueError, OSError) as e:
         raise RecipeError(f"recipe key {what!r}: {path} is not a circuit JSON file ({e})") from None
     edges = d.get("edges") if isinstance(d, dict) else None
