@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from condense.methods.s3martcirc import recovery as rec
 from condense import train
+from condense.config import RecipeError
 from condense.evaluate import evaluate
 from condense.graph import Graph
 from condense.metrics import pad_batch
@@ -383,3 +384,17 @@ def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
         v.pop("role", None)
     (tmp_path / "plain.json").write_text(json.dumps(raw))
     assert Graph.from_json(tmp_path / "plain.json", model).roles == {}
+
+
+@pytest.mark.parametrize("override,words", [
+    ("s3_binary_weight=-2", "'s3_binary_weight': must be >= 0"),
+    ("s3_sparsity=-1", "'s3_sparsity': must be >= 0"),
+    ("s3_init_unimportant=1", "'s3_init_unimportant': must lie in (0, 1)"),
+    ("s3_budgets=[5,0]", "'s3_budgets': node counts must be whole numbers >= 1, got [0]"),
+    ("s3_baselines=[exact]", "unknown 'exact'; valid: exact_patching"),
+])
+def test_bad_recipe_values_name_the_key_before_loading(override, words):
+    from condense.runs import load_config
+    with pytest.raises(RecipeError) as e:
+        load_config("recipes/s3martcirc/smollm2_ioi.yaml", [override, "output_dir=runs/never_made"])
+    assert words in str(e.value)

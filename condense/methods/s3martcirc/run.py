@@ -183,7 +183,8 @@ class S3Config(RunConfig):
         "help": "train rows per discovery step, also node_pruning's (null: batch_size)"})
     s3_binary_weight: float = field(default=0.3, metadata={
         "help": "weight of the loss pushing each coefficient to 0 or 1, mean over "
-                "nodes of sum_k c_k (1 - c_k) (the paper gives none; default = s3_sparsity's)"})
+                "nodes of sum_k c_k (1 - c_k) (the paper gives none; the default equals "
+                "s3_sparsity's default, and does not follow s3_sparsity when that is set)"})
     s3_init_unimportant: float = field(default=1 / 3, metadata={
         "help": "initial c_u of every node, c_p = c_f = (1 - c_u) / 2 (1/3: all "
                 "three equal, where the 0-or-1 loss has no gradient)"})
@@ -219,6 +220,14 @@ class S3Config(RunConfig):
         at_least(self, "s3_k", 0)
         at_least(self, "s3_lr", 0, strict=True)
         at_least(self, "s3_sparsity", 0)
+        at_least(self, "s3_binary_weight", 0)
+        if not 0 < self.s3_init_unimportant < 1:
+            raise RecipeError(f"recipe key 's3_init_unimportant': must lie in (0, 1), got "
+                              f"{self.s3_init_unimportant}")
+        bad = [b for b in self.s3_budgets or [] if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+        if bad:
+            raise RecipeError(f"recipe key 's3_budgets': node counts must be whole numbers >= 1, "
+                              f"got {bad}")
         if not 0 <= self.s3_warmup_epochs <= self.s3_epochs:
             raise RecipeError(f"recipe key 's3_warmup_epochs': must lie in [0, s3_epochs = "
                               f"{self.s3_epochs}], got {self.s3_warmup_epochs}")
