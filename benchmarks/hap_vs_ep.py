@@ -47,6 +47,7 @@ from condense import tasks
 from condense.attribute import attribute
 from condense.methods.edge_pruning import HAPConfig, search
 from condense.evaluate import evaluate, reference_outputs
+from condense.config import RecipeError
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer
 
@@ -62,11 +63,17 @@ def evaluated(model, circuit, rows, reference, cfg):
                 faithfulness=m["faithfulness"], accuracy_full=m["accuracy_full"])
 
 
+def task_config(task, args):
+    """The search's keys for one task from the flags; check() refuses unusable ones by key."""
+    return HAPConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
+                     ep_batch_size=args.batch_size, ep_init_log_alpha=args.init_log_alpha,
+                     ep_lr=args.lr, ep_lambda_lr=args.lambda_lr, ep_steps=args.steps,
+                     ep_target_sparsity=args.target, hap_candidate_fraction=args.candidates,
+                     seed=args.seed)
+
+
 def bench_task(model, tokenizer, task, args):
-    cfg = HAPConfig(task=task, n_train=args.n_train, n_test=args.n_test, batch_size=32,
-                    ep_batch_size=args.batch_size, ep_init_log_alpha=args.init_log_alpha,
-                    ep_steps=args.steps, ep_target_sparsity=args.target,
-                    hap_candidate_fraction=args.candidates, seed=args.seed)
+    cfg = task_config(task, args)
     print(f"{task}, seed {args.seed}", flush=True)
     rows = {s: tasks.load_task(task, tokenizer, s, n=n, seed=cfg.seed)
             for s, n in (("train", args.n_train), ("test", args.n_test))}
@@ -202,6 +209,11 @@ def main():
     ap.add_argument("--init-log-alpha", type=float, default=10.0,
                     help="initial gate log alpha (ep_init_log_alpha); at lr 0.1 a gate moves about "
                          "0.1 a step, so from 10 it needs ~100 steps to close")
+    ap.add_argument("--lr", type=float, default=0.1,
+                    help="learning rate of the gates' log alphas (ep_lr), the same for every method; "
+                         "a gate moves about this much a step")
+    ap.add_argument("--lambda-lr", type=float, default=0.3,
+                    help="learning rate of the Lagrange multipliers (ep_lambda_lr)")
     ap.add_argument("--target", type=float, default=0.95, help="target sparsity (fraction removed)")
     ap.add_argument("--candidates", type=float, default=0.3, help="HAP candidate fraction")
     ap.add_argument("--n-train", type=int, default=200)
@@ -224,6 +236,11 @@ def main():
                 pooled += json.load(f)["results"]
         aggregate_over_seeds(pooled)
         return
+    for task in args.tasks.split(","):  # bad flags fail here, before the model loads
+        try:
+            task_config(task, argparse.Namespace(**vars(args), seed=0)).check()
+        except RecipeError as e:
+            ap.error(str(e))
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = load_model(args.model, device="cuda" if torch.cuda.is_available() else None)
