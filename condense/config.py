@@ -139,10 +139,17 @@ def one_of(cfg, key, allowed):
                           f"{', '.join(str(a) for a in allowed)}")
 
 
+def refuse(cfg, key, why, value=None):
+    """Raise the RecipeError every config check raises: the key, why, and the value given
+    (`value` when the offending part is not the whole field, e.g. one entry of a list)."""
+    shown = getattr(cfg, key) if value is None else value
+    raise RecipeError(f"recipe key {key!r}: {why}, got {shown!r}")
+
+
 def at_least(cfg, key, low, strict=False):
     value = getattr(cfg, key)
     if value < low or (strict and value == low):
-        raise RecipeError(f"recipe key {key!r}: must be {'>' if strict else '>='} {low}, got {value!r}")
+        refuse(cfg, key, f"must be {'>' if strict else '>='} {low}")
 
 
 @dataclass
@@ -218,11 +225,9 @@ class RunConfig:
         if self.threads is not None:
             at_least(self, "threads", 1)
         if not 0 <= self.search_resolution < 1:
-            raise RecipeError(f"recipe key 'search_resolution': must lie in [0, 1), got "
-                              f"{self.search_resolution}")
+            refuse(self, "search_resolution", "must lie in [0, 1)")
         if not 0 < self.faithfulness_threshold <= 1:
-            raise RecipeError(f"recipe key 'faithfulness_threshold': must lie in (0, 1], got "
-                              f"{self.faithfulness_threshold}")
+            refuse(self, "faithfulness_threshold", "must lie in (0, 1]")
         if (os.path.isdir(self.model) and os.path.exists(os.path.join(self.model, "adapter_config.json"))
                 and not os.path.exists(os.path.join(self.model, "config.json"))):
             raise RecipeError(f"recipe key 'model': {self.model} is a PEFT adapter folder (a "

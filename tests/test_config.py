@@ -2,7 +2,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from condense.config import RecipeError, from_dict, load_recipe, parse_overrides
+from condense.config import RecipeError, from_dict, load_recipe, parse_overrides, read_recipe
 from condense.organism.train import OrganismConfig, phases_of
 
 
@@ -51,3 +51,22 @@ def test_organism_recipe_parses(tmp_path):
         cfg = load_recipe("recipes/organism.yaml", OrganismConfig, [f"phases=[{phase}]"])
         with pytest.raises(RecipeError, match=word):
             phases_of(cfg)
+
+
+@pytest.mark.parametrize("recipe,override,key,shown", [
+    ("recipes/condense/organism_ioi.yaml", "prune_fraction=0", "prune_fraction", "0.0"),
+    ("recipes/hap/organism.yaml", "ep_target_sparsity=1", "ep_target_sparsity", "1.0"),
+    ("recipes/hap/organism.yaml", "hap_candidate_fraction=2", "hap_candidate_fraction", "2.0"),
+    ("recipes/s3martcirc/organism_ioi.yaml", "s3_alpha=2", "s3_alpha", "2.0"),
+    ("recipes/s3martcirc/organism_ioi.yaml", "s3_budgets=[5,0]", "s3_budgets", "[0]"),
+    ("recipes/condense/organism_ioi.yaml", "search_resolution=1", "search_resolution", "1.0"),
+])
+def test_out_of_range_refusals_share_one_form(recipe, override, key, shown):
+    """Every method's range check names the key, the rule and the value given, in one form,
+    before a model loads."""
+    from condense.methods import config_from
+    data = read_recipe(recipe, [override])
+    with pytest.raises(RecipeError) as e:
+        config_from(data).check()
+    message = str(e.value)
+    assert message.startswith(f"recipe key {key!r}: ") and message.endswith(f", got {shown}"), message

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from condense.artifacts import read_json
-from condense.config import RecipeError, RunConfig, at_least
+from condense.config import RecipeError, RunConfig, at_least, refuse
 
 
 @dataclass
@@ -120,34 +120,31 @@ class CondenseConfig(RunConfig):
             at_least(self, key, 0)
         at_least(self, "heal_lr", 0, strict=True)
         at_least(self, "heal_temperature", 0, strict=True)
-
-        def bad(key, why):
-            raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
         if not 0 <= self.gate_faithfulness <= 1:
-            bad("gate_faithfulness", "must lie in [0, 1] (0: off)")
+            refuse(self, "gate_faithfulness", "must lie in [0, 1] (0: off)")
         if not 0 <= self.gate_top1_agreement <= 1:
-            bad("gate_top1_agreement", "must lie in [0, 1] (0: off)")
+            refuse(self, "gate_top1_agreement", "must lie in [0, 1] (0: off)")
         if not 0 < self.prune_fraction <= 1:
-            bad("prune_fraction", "must lie in (0, 1]")
+            refuse(self, "prune_fraction", "must lie in (0, 1]")
         if not 0 < self.min_prune_fraction <= self.prune_fraction:
-            bad("min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
+            refuse(self, "min_prune_fraction", f"must lie in (0, prune_fraction = {self.prune_fraction}]")
         if self.init_circuit:
             self._check_init_circuit()
         if self.final_heal_rows is not None and self.final_heal_rows < 1:
-            bad("final_heal_rows", "must be at least 1 or null")
+            refuse(self, "final_heal_rows", "must be at least 1 or null")
         if self.rank_rows is not None and not 1 <= self.rank_rows <= self.n_train:
-            bad("rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
+            refuse(self, "rank_rows", f"must lie in [1, n_train = {self.n_train}] or be null")
         if self.heal_dtype is not None:
             from condense.models import DTYPES
             if self.heal_dtype not in DTYPES:
-                bad("heal_dtype", f"must be one of {', '.join(DTYPES)} or null")
+                refuse(self, "heal_dtype", f"must be one of {', '.join(DTYPES)} or null")
             if self.quantization:
-                bad("heal_dtype", "cannot be combined with a quantized base (its layers compute "
-                    "in the dtype they were loaded with); use null")
+                refuse(self, "heal_dtype", "cannot be combined with a quantized base (its layers "
+                       "compute in the dtype they were loaded with); use null")
         if self.early_rank_method is not None:
             from condense.attribute import METHODS
             if self.early_rank_method not in METHODS:
-                bad("early_rank_method", f"must be one of {', '.join(METHODS)} or null")
+                refuse(self, "early_rank_method", f"must be one of {', '.join(METHODS)} or null")
         at_least(self, "early_rank_edges", 0)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from condense.artifacts import atomic_write
-from condense.config import RecipeError, RunConfig, at_least
+from condense.config import RunConfig, at_least, refuse
 from condense.evaluate import evaluate
 from condense.methods import register
 from condense.methods.edge_pruning.search import search
@@ -45,12 +45,9 @@ class EdgePruningConfig(RunConfig):
         for key in ("ep_lr", "ep_lambda_lr"):
             at_least(self, key, 0, strict=True)
         if not 0.0 < self.ep_target_sparsity < 1.0:
-            self._bad("ep_target_sparsity", "must lie in (0, 1) (the fraction of edges removed)")
+            refuse(self, "ep_target_sparsity", "must lie in (0, 1) (the fraction of edges removed)")
         if not 0.0 <= self.ep_ramp_fraction <= 1.0:
-            self._bad("ep_ramp_fraction", "must lie in [0, 1]")
-
-    def _bad(self, key, why):
-        raise RecipeError(f"recipe key {key!r}: {why}, got {getattr(self, key)!r}")
+            refuse(self, "ep_ramp_fraction", "must lie in [0, 1]")
 
 
 @dataclass
@@ -73,13 +70,13 @@ class HAPConfig(EdgePruningConfig):
         super().check()
         from condense.attribute import METHODS
         if self.hap_attribution not in METHODS:
-            self._bad("hap_attribution", f"must be one of {', '.join(METHODS)}")
+            refuse(self, "hap_attribution", f"must be one of {', '.join(METHODS)}")
         if self.hap_candidates is not None and self.hap_candidates < 1:
-            self._bad("hap_candidates", "must be >= 1 or null")
+            refuse(self, "hap_candidates", "must be >= 1 or null")
         if not 0.0 < self.hap_candidate_fraction <= 1.0:
-            self._bad("hap_candidate_fraction", "must lie in (0, 1]")
+            refuse(self, "hap_candidate_fraction", "must lie in (0, 1]")
         if self.hap_steps is not None and self.hap_steps < 1:
-            self._bad("hap_steps", "must be >= 1 or null")
+            refuse(self, "hap_steps", "must be >= 1 or null")
 
 
 def plot_training(history, path, title):

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from condense.artifacts import atomic_write, write_json
-from condense.config import RecipeError, RunConfig, at_least
+from condense.config import RecipeError, RunConfig, at_least, refuse
 from condense.methods import register
 from condense.runs import RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
@@ -222,17 +222,14 @@ class S3Config(RunConfig):
         at_least(self, "s3_sparsity", 0)
         at_least(self, "s3_binary_weight", 0)
         if not 0 < self.s3_init_unimportant < 1:
-            raise RecipeError(f"recipe key 's3_init_unimportant': must lie in (0, 1), got "
-                              f"{self.s3_init_unimportant}")
+            refuse(self, "s3_init_unimportant", "must lie in (0, 1)")
         bad = [b for b in self.s3_budgets or [] if isinstance(b, bool) or not isinstance(b, int) or b < 1]
         if bad:
-            raise RecipeError(f"recipe key 's3_budgets': node counts must be whole numbers >= 1, "
-                              f"got {bad}")
+            refuse(self, "s3_budgets", "node counts must be whole numbers >= 1", value=bad)
         if not 0 <= self.s3_warmup_epochs <= self.s3_epochs:
-            raise RecipeError(f"recipe key 's3_warmup_epochs': must lie in [0, s3_epochs = "
-                              f"{self.s3_epochs}], got {self.s3_warmup_epochs}")
+            refuse(self, "s3_warmup_epochs", f"must lie in [0, s3_epochs = {self.s3_epochs}]")
         if not 0 <= self.s3_alpha <= 1:
-            raise RecipeError(f"recipe key 's3_alpha': must lie in [0, 1], got {self.s3_alpha}")
+            refuse(self, "s3_alpha", "must lie in [0, 1]")
 
     def settings(self) -> S3Settings:
         """The training settings of condense.methods.s3martcirc.method."""
