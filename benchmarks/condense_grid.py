@@ -3,8 +3,8 @@ seed, against EAP-IG's smallest faithful circuit, and the verifier on every smal
 
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py [--tasks ioi,agreement,induction,docstring]
         [--seeds 0] [--variants c1,c0,heal_only] [--out runs/condense_grid] [--max-verify 20]
-        [--keep] [--json PATH] [key=value ...]
-    HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py --combine A.json B.json [--json PATH]
+        [--keep] [--json PATH] [--plot PNG] [key=value ...]
+    HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py --combine A.json B.json [--json PATH] [--plot PNG]
 
 Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
 [key=value ...] output_dir=<out>/<variant>_<task>_s<seed>` in its own process, one after the
@@ -20,7 +20,8 @@ ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper
 checkpoints/condense_smollm2_<task>/ (seed 0 only). `--combine` pools the rows of earlier
 `--json` outputs (for example seeds run on different days; a later file's row replaces an
 earlier one of the same task and seed) and prints the table and the means over all of them,
-running nothing.
+running nothing. `--plot` draws every row's circuit sizes (EAP-IG, heal-only, C0, C1) on a
+log scale, one column per task and seed.
 """
 import argparse
 import collections
@@ -159,6 +160,50 @@ def markdown(rows, summary):
     return "\n".join(lines)
 
 
+SIZES = (("eap_ig", "EAP-IG (frozen)", "tab:gray", "s"), ("heal_only", "heal-only", "tab:orange", "^"),
+         ("c0", "C0 (no heal)", "tab:blue", "v"), ("c1", "C1 (condensed)", "tab:red", "o"))
+
+
+def plot(rows, path):
+    """Every task-seed row's circuit sizes on a log scale, one column per row, grouped by task,
+    with the per-task geometric mean of EAP-IG / C1 over each group."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(1.5 + 0.55 * len(rows), 4.4))
+    tasks = []
+    for x, r in enumerate(rows):
+        for j, (v, label, color, marker) in enumerate(SIZES):
+            if r.get(f"{v}_edges"):
+                ax.scatter(x + (j - 1.5) * 0.08, r[f"{v}_edges"], color=color, marker=marker, s=36,
+                           label=label if label not in ax.get_legend_handles_labels()[1] else None,
+                           zorder=3)
+        if r.get("eap_ig_edges") and r.get("c1_edges"):
+            ax.plot([x - 0.12, x + 0.12], [r["eap_ig_edges"], r["c1_edges"]], color="0.75", lw=1, zorder=2)
+        if not tasks or tasks[-1][0] != r["task"]:
+            tasks.append([r["task"], x, x])
+        tasks[-1][2] = x
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), [f"s{r['seed']}" for r in rows])
+    top = max(r.get(f"{v}_edges") or 1 for r in rows for v, *_ in SIZES)
+    for task, first, last in tasks:
+        ratio = geomean([r.get("eap_ig_over_c1") for r in rows[first:last + 1]])
+        words = f"{task}\nEAP-IG / C1 {ratio:,.0f}x" if ratio else task
+        ax.text((first + last) / 2, top * 2, words, ha="center", va="bottom", fontsize=8)
+        if last + 1 < len(rows):
+            ax.axvline(last + 0.5, color="0.85", lw=0.8)
+    ax.set_ylim(1, top * 15)
+    ax.set_ylabel("edges in the circuit (log)")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.grid(axis="y", color="0.92", zorder=0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=4, frameon=False)
+    ax.set_title("Circuit size per task and seed", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def combine(paths):
     """The rows of earlier --json outputs, one per (task, seed), in task and seed order; where
     two files have the same task and seed, the later one's measured values win (a C1-only grid
@@ -200,6 +245,7 @@ def main(argv=None):
     ap.add_argument("--max-verify", type=int, default=20)
     ap.add_argument("--keep", action="store_true", help="copy seed-0 C1 runs into checkpoints/")
     ap.add_argument("--json")
+    ap.add_argument("--plot", metavar="PNG", help="draw every row's circuit sizes into this picture")
     ap.add_argument("--combine", nargs="+", metavar="JSON",
                     help="pool the rows of earlier --json outputs and print their table (no runs)")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
@@ -212,6 +258,8 @@ def main(argv=None):
         summary = summarize(rows)
         table = markdown(rows, summary)
         print(table)
+        if args.plot:
+            print(f"[grid] drew {plot(rows, args.plot)}")
         if args.json:
             from condense.artifacts import write_json
             write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(
@@ -226,6 +274,8 @@ def main(argv=None):
     summary = summarize(rows)
     table = markdown(rows, summary)
     print(table)
+    if args.plot:
+        print(f"[grid] drew {plot(rows, args.plot)}")
     if args.keep:
         for r in rows:
             src = os.path.join(args.out, f"c1_{r['task']}_s0")

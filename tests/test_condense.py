@@ -452,3 +452,15 @@ def test_grid_means_weigh_each_task_once(condense_grid):
     assert abs(summary["tasks_weighted_equally"]["eap_ig_over_c0"] - 2.0) < 1e-9
     assert "Each task weighed once" in grid.markdown(rows, summary)
     assert "Each task weighed once" not in grid.markdown(rows[:3], grid.summarize(rows[:3]))
+
+
+def test_grid_plot_draws_every_row(condense_grid, tmp_path):
+    """The grid picture takes rows with missing variants (a C1-only grid) and writes a PNG."""
+    rows = [dict(task="ioi", seed=0, eap_ig_edges=7451, c1_edges=13, c0_edges=9601,
+                 heal_only_edges=13542, eap_ig_over_c1=573.2),
+            dict(task="ioi", seed=1, eap_ig_edges=7451, c1_edges=11, c0_edges=None,
+                 heal_only_edges=None, eap_ig_over_c1=677.4),
+            dict(task="agreement", seed=0, eap_ig_edges=None, c1_edges=4)]
+    path = condense_grid.plot(rows, str(tmp_path / "grid.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
