@@ -3,8 +3,8 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
         [--seeds 0,1,2] [--batch-size 32] [--init-log-alpha 10]
-    HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py --combine A.json B.json   # pool seeds
         [--no-control] [--model checkpoints/organism] [--json PATH]
+    python benchmarks/hap_vs_ep.py --combine A.json B.json [--json C.json]   # pool seeds
 
 Per task, with the recipes' settings (condense/methods/edge_pruning/; HAPConfig defaults unless a
 flag says otherwise):
@@ -234,7 +234,11 @@ def main():
         for path in args.combine:
             with open(path) as f:
                 pooled += json.load(f)["results"]
-        aggregate_over_seeds(pooled)
+        aggregate = aggregate_over_seeds(pooled)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(command=" ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:]),
+                               combined=args.combine, results=pooled, aggregate=aggregate), f, indent=1)
         return
     for task in args.tasks.split(","):  # bad flags fail here, before the model loads
         try:
