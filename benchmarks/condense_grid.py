@@ -170,6 +170,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    rows = sorted(rows, key=lambda r: (r["task"], r["seed"]))  # a run's rows come seed-major
     fig, ax = plt.subplots(figsize=(1.5 + 0.55 * len(rows), 4.4))
     tasks = []
     for x, r in enumerate(rows):
@@ -188,7 +189,7 @@ def plot(rows, path):
     top = max(r.get(f"{v}_edges") or 1 for r in rows for v, *_ in SIZES)
     for task, first, last in tasks:
         ratio = geomean([r.get("eap_ig_over_c1") for r in rows[first:last + 1]])
-        words = f"{task}\nEAP-IG / C1 {ratio:,.0f}x" if ratio else task
+        words = f"{task}\nEAP-IG / C1 {ratio:,.{0 if ratio >= 10 else 1}f}x" if ratio else task
         ax.text((first + last) / 2, top * 2, words, ha="center", va="bottom", fontsize=8)
         if last + 1 < len(rows):
             ax.axvline(last + 0.5, color="0.85", lw=0.8)
@@ -250,6 +251,8 @@ def main(argv=None):
                     help="pool the rows of earlier --json outputs and print their table (no runs)")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        ap.error(f"--plot {args.plot}: no such folder")  # before hours of runs, not after
     tasks = [t for t in args.tasks.split(",") if t]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     start = time.time()

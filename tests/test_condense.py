@@ -460,7 +460,12 @@ def test_grid_plot_draws_every_row(condense_grid, tmp_path):
                  heal_only_edges=13542, eap_ig_over_c1=573.2),
             dict(task="ioi", seed=1, eap_ig_edges=7451, c1_edges=11, c0_edges=None,
                  heal_only_edges=None, eap_ig_over_c1=677.4),
-            dict(task="agreement", seed=0, eap_ig_edges=None, c1_edges=4)]
+            dict(task="agreement", seed=0, eap_ig_edges=None, c1_edges=4),
+            dict(task="ioi", seed=2, eap_ig_edges=7451, c1_edges=13, eap_ig_over_c1=573.2)]
     path = condense_grid.plot(rows, str(tmp_path / "grid.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    grid_json = tmp_path / "grid.json"
+    grid_json.write_text(json.dumps({"rows": rows}))
+    with pytest.raises(SystemExit):  # a folder that does not exist fails before any run
+        condense_grid.main(["--combine", str(grid_json), "--plot", str(tmp_path / "no" / "grid.png")])
