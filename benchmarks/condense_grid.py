@@ -237,6 +237,20 @@ def summarize(rows):
     return summary
 
 
+def report(rows, args, command, **fields):
+    """Print the table of `rows` and, as asked, draw them (--plot) and write them (--json, with
+    `fields` after the command)."""
+    summary = summarize(rows)
+    table = markdown(rows, summary)
+    print(table)
+    if args.plot:
+        print(f"[grid] drew {plot(rows, args.plot)}")
+    if args.json:
+        from condense.artifacts import write_json
+        write_json(args.json, dict(command=command, **fields, rows=rows, summary=summary, paper=PAPER,
+                                   table=table))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", default="ioi,agreement,induction,docstring")
@@ -256,29 +270,15 @@ def main(argv=None):
     tasks = [t for t in args.tasks.split(",") if t]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     start = time.time()
+    command = "python benchmarks/condense_grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.combine:
-        rows = combine(args.combine)
-        summary = summarize(rows)
-        table = markdown(rows, summary)
-        print(table)
-        if args.plot:
-            print(f"[grid] drew {plot(rows, args.plot)}")
-        if args.json:
-            from condense.artifacts import write_json
-            write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(
-                argv if argv is not None else sys.argv[1:]), combined=args.combine, rows=rows,
-                summary=summary, paper=PAPER, table=table))
+        report(combine(args.combine), args, command, combined=args.combine)
         return
     for seed in seeds:
         for task in tasks:
             for variant in [v for v in args.variants.split(",") if v]:
                 run_one(args.out, variant, task, seed, args.extra)
     rows = [row_of(args.out, t, s, args.max_verify) for s in seeds for t in tasks]
-    summary = summarize(rows)
-    table = markdown(rows, summary)
-    print(table)
-    if args.plot:
-        print(f"[grid] drew {plot(rows, args.plot)}")
     if args.keep:
         for r in rows:
             src = os.path.join(args.out, f"c1_{r['task']}_s0")
@@ -291,11 +291,7 @@ def main(argv=None):
                     if os.path.exists(os.path.join(src, name)) and name != "recipe.yaml":
                         shutil.copy(os.path.join(src, name), os.path.join(dst, name))
                 keep_recipe(src, dst)
-    if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/condense_grid.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]), wall_seconds=time.time() - start,
-            rows=rows, summary=summary, paper=PAPER, table=table))
+    report(rows, args, command, wall_seconds=time.time() - start)
 
 
 if __name__ == "__main__":

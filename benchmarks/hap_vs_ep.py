@@ -229,6 +229,7 @@ def main():
                     help="run nothing: pool the results of earlier --json files (e.g. seeds run "
                          "as separate processes) and print the ratios over all their seeds")
     args = ap.parse_args()
+    command = " ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:])
     if args.combine:
         pooled = []
         for path in args.combine:
@@ -237,8 +238,8 @@ def main():
         aggregate = aggregate_over_seeds(pooled)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(command=" ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:]),
-                               combined=args.combine, results=pooled, aggregate=aggregate), f, indent=1)
+                json.dump(dict(command=command, combined=args.combine, results=pooled, aggregate=aggregate),
+                          f, indent=1)
         return
     for task in args.tasks.split(","):  # bad flags fail here, before the model loads
         try:
@@ -251,7 +252,6 @@ def main():
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(args.model)
-    command = " ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:])
     results, summaries = [], []
     if args.json and os.path.exists(args.json):  # resume: keep the (task, seed)s already done
         with open(args.json) as f:
