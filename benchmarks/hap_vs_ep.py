@@ -233,8 +233,12 @@ def main():
     if args.combine:
         pooled = []
         for path in args.combine:
-            with open(path) as f:
-                pooled += json.load(f)["results"]
+            try:
+                with open(path) as f:
+                    pooled += json.load(f)["results"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                ap.error(f"--combine {path}: not a --json output of this script (a JSON object with "
+                         f"a 'results' list): {type(e).__name__}: {e}")
         aggregate = aggregate_over_seeds(pooled)
         if args.json:
             with open(args.json, "w") as f:

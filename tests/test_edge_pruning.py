@@ -236,3 +236,16 @@ def test_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch):
                                ("hap", "hap_attribution", "acdc")):
         with pytest.raises(RecipeError, match=key):
             run_recipe(tmp_path, "no/such/model", method=method, **{key: value})
+
+
+def test_hap_vs_ep_combine_refuses_a_file_it_did_not_write(tmp_path):
+    """--combine names the file and what it should hold, instead of a traceback."""
+    import subprocess
+    import sys
+    other = tmp_path / "grid.json"
+    other.write_text('{"rows": []}')
+    for path in (str(tmp_path / "missing.json"), str(other)):
+        done = subprocess.run([sys.executable, "benchmarks/hap_vs_ep.py", "--combine", path],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and f"--combine {path}" in done.stderr, done.stderr
+        assert "'results' list" in done.stderr and "Traceback" not in done.stderr
