@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 
+from condense.artifacts import read_output
 from condense.verify.verdict import irreducibility_words
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -212,11 +213,9 @@ def combine(paths):
     rows = {}
     for path in paths:
         try:
-            with open(path) as f:
-                found = json.load(f)["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"error: --combine {path}: not a --json output of this script (a JSON "
-                             f"object with a 'rows' list): {type(e).__name__}: {e}")
+            found = read_output(path, "rows")["rows"]
+        except ValueError as e:
+            raise SystemExit(f"error: --combine {e}")
         for r in found:
             old = rows.get((r["task"], r["seed"]), {})
             rows[(r["task"], r["seed"])] = {**old, **{k: v for k, v in r.items() if v is not None}}

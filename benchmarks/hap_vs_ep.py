@@ -47,6 +47,7 @@ from condense import tasks
 from condense.attribute import attribute
 from condense.methods.edge_pruning import HAPConfig, search
 from condense.evaluate import evaluate, reference_outputs
+from condense.artifacts import read_output
 from condense.config import RecipeError
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer
@@ -234,11 +235,9 @@ def main():
         pooled = []
         for path in args.combine:
             try:
-                with open(path) as f:
-                    pooled += json.load(f)["results"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                ap.error(f"--combine {path}: not a --json output of this script (a JSON object with "
-                         f"a 'results' list): {type(e).__name__}: {e}")
+                pooled += read_output(path, "results")["results"]
+            except ValueError as e:
+                ap.error(f"--combine {e}")
         aggregate = aggregate_over_seeds(pooled)
         if args.json:
             with open(args.json, "w") as f:

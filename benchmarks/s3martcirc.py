@@ -19,8 +19,11 @@ both recipes (e.g. n_train=32). Artifacts of each run land in --out/<task>/.
 The ceiling row is every node ablated (the corrupted run), for reference; the largest possible
 drop is 100 x the full model's accuracy, and budgets where S3martCirc, exact patching and the
 gradient baselines (attribution patching, with and without IG) all come within 5 points of it
-are listed: there the ranking cannot tell them apart. The
-last lines check, per budget, that S3martCirc's drop is at least every gradient baseline's.
+are listed: there the ranking cannot tell them apart. A second table gives the
+logit-difference drop at every budget beside the full model's logit difference. The last lines
+check, per budget, that S3martCirc's drop is at least every gradient baseline's, in accuracy
+and in logit difference. `--combine` rebuilds the tables from the stored runs, so a file written
+before a column existed gains it.
 On the organism the defaults take about 8-10 minutes on one CPU core (exact patching is most of
 it). On SmolLM2 (46,350 nodes) exact patching of every node is out of reach on a CPU; the
 default there is `exact_patching_heads` (the heads exactly, its time extrapolated to every node).
@@ -33,6 +36,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import runs
+from condense.artifacts import read_output
 from condense.methods.s3martcirc.node_baselines import BASELINES
 
 NAMES = {"s3martcirc": "S3martCirc",
@@ -52,33 +56,43 @@ def run_task(task, args):
     return metrics
 
 
+def _drops(budgets):
+    """Per budget, the accuracy drop (points) and the logit-difference drop of one ranking."""
+    return dict(budgets={b: v["accuracy_drop"] for b, v in budgets.items()},
+                logit_budgets={b: v["logit_drop"] for b, v in budgets.items()})
+
+
 def rows_of(task, m):
     s3 = m["s3martcirc"]
     out = [dict(task=task, method="s3martcirc", size=s3["size"], heads=s3["heads"],
                 neurons=s3["neurons"], accuracy_drop=s3["accuracy_drop"], logit_drop=s3["logit_drop"],
                 seconds=s3["seconds"], circuit_faithfulness=s3["circuit_faithfulness"],
-                budgets={b: v["accuracy_drop"] for b, v in m["s3martcirc_budgets"].items()})]
+                **_drops(m["s3martcirc_budgets"]))]
     if "ceiling" in m:
         out.append(dict(task=task, method="ceiling", size=None, ceiling=True,
-                        budgets={b: m["ceiling"]["accuracy_drop"] for b in out[0]["budgets"]}))
+                        budgets={b: m["ceiling"]["accuracy_drop"] for b in out[0]["budgets"]},
+                        logit_budgets={b: m["ceiling"]["logit_drop"] for b in out[0]["budgets"]}))
     if m.get("s3martcirc_coefficient_budgets"):  # the same circuit, budgets in c_p + c_f order
         out.append(dict(task=task, method="s3martcirc_coefficients", size=None,
-                        budgets={b: v["accuracy_drop"]
-                                 for b, v in m["s3martcirc_coefficient_budgets"].items()}))
+                        **_drops(m["s3martcirc_coefficient_budgets"])))
     for method, rec in m["baselines"].items():
         a = rec["at_size"]
         out.append(dict(task=task, method=method, size=a["nodes"], heads=a["heads"],
                         neurons=a["neurons"], accuracy_drop=a["accuracy_drop"],
                         logit_drop=a["logit_drop"], seconds=rec["seconds"],
                         seconds_estimate=rec.get("exact_patching_seconds_estimate"),
-                        circuit_faithfulness=a["circuit_faithfulness"],
-                        budgets={b: v["accuracy_drop"] for b, v in rec["budgets"].items()}))
+                        circuit_faithfulness=a["circuit_faithfulness"], **_drops(rec["budgets"])))
     return out
 
 
-def cell(r, b):
-    v = r["budgets"].get(str(b))
-    return "—" if v is None else f"{v:.1f}"
+def full_logit_diff(m):
+    """The full model's mean logit difference on the test rows (what a logit drop is out of)."""
+    return next(iter(m["s3martcirc_budgets"].values()))["logit_diff_full"]
+
+
+def cell(r, b, key="budgets", digits=1):
+    v = r.get(key, {}).get(str(b))
+    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def table(rows, budgets):
@@ -97,6 +111,21 @@ def table(rows, budgets):
                      f"({r['heads']} + {r['neurons']}) | {r['accuracy_drop']:.1f} | "
                      f"{r['logit_drop']:.2f} | {r['circuit_faithfulness']:.2f} | {wall} | "
                      + " | ".join(cell(r, b) for b in budgets) + " |")
+    return "\n".join(lines)
+
+
+def logit_table(rows, results, budgets):
+    """The logit-difference drop of each ranking's top-n nodes ablated, per budget, beside the
+    full model's logit difference (a drop is out of it; unlike accuracy it is not capped, so it
+    can still order methods where every accuracy drop is at the ceiling)."""
+    head = ("| task | method | full model's logit diff. | "
+            + " | ".join(f"logit drop @{b}" for b in budgets) + " |")
+    lines = [head, "|" + "---|" * (3 + len(budgets))]
+    for r in rows:
+        if "logit_budgets" in r:
+            lines.append(f"| {r['task']} | {NAMES.get(r['method'], r['method'])} | "
+                         f"{full_logit_diff(results[r['task']]):.2f} | "
+                         + " | ".join(cell(r, b, "logit_budgets", 2) for b in budgets) + " |")
     return "\n".join(lines)
 
 
@@ -120,35 +149,46 @@ def saturated(rows, results, budgets, margin=5.0):
     return out
 
 
-def budget_checks(rows, budgets):
-    """{task: {budget: S3martCirc's drop >= every gradient baseline's}} (the issue's bar)."""
+def budget_checks(rows, budgets, key="budgets"):
+    """{task: {budget: S3martCirc's drop >= every gradient baseline's}} (the issue's bar), on
+    the accuracy drops (key "budgets") or the logit-difference drops ("logit_budgets")."""
     out = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         s3 = next(r for r in rows if r["task"] == task and r["method"] == "s3martcirc")
         grad = [r for r in rows if r["task"] == task and r["method"] in GRADIENT]
-        out[task] = {str(b): all(s3["budgets"][str(b)] >= g["budgets"][str(b)] for g in grad)
-                     for b in budgets if str(b) in s3["budgets"]}
+        out[task] = {str(b): all(s3[key][str(b)] >= g[key][str(b)] for g in grad)
+                     for b in budgets if str(b) in s3[key]}
     return out
 
 
 def report(rows, results):
+    """Print the tables and the checks; return them as {'saturated', 'budget_checks',
+    'budget_checks_logit'} for the --json output."""
     budgets = sorted({int(b) for r in rows for b in r["budgets"]})
     print()
     print(table(rows, budgets))
-    at_ceiling, by_budget = saturated(rows, results, budgets), budget_checks(rows, budgets)
-    for task, bs in at_ceiling.items():
+    print()
+    print(logit_table(rows, results, budgets))
+    checks = dict(saturated=saturated(rows, results, budgets),
+                  budget_checks=budget_checks(rows, budgets),
+                  budget_checks_logit=budget_checks(rows, budgets, "logit_budgets"))
+    for task, bs in checks["saturated"].items():
         m = results[task]
         print(f"{task}: full-model accuracy {m['s3martcirc']['accuracy_full']:.3f}, so the largest "
               f"possible drop is {100 * m['s3martcirc']['accuracy_full']:.1f} points; every node "
               f"ablated drops {m['ceiling']['accuracy_drop']:.1f}; budgets where S3martCirc, exact "
               f"patching and the gradient baselines are all within 5 points of the largest: "
               f"{', '.join(map(str, bs)) or 'none'}")
-        print(f"{task}: S3martCirc's drop >= every gradient baseline's, per budget: {by_budget[task]}")
+        print(f"{task}: S3martCirc's accuracy drop >= every gradient baseline's, per budget: "
+              f"{checks['budget_checks'][task]}")
+        print(f"{task}: S3martCirc's logit drop >= every gradient baseline's, per budget: "
+              f"{checks['budget_checks_logit'][task]} (full model's logit difference "
+              f"{full_logit_diff(m):.2f}; every node ablated drops it by {m['ceiling']['logit_drop']:.2f})")
     for task, m in results.items():
         holds = all(m["done_when"].values()) if m["done_when"] else None
         print(f"{task}: S3martCirc size {m['size']}, the run's done-when checks "
               f"{'hold' if holds else 'FAIL'}: {m['done_when']}")
-    return at_ceiling, by_budget
+    return checks
 
 
 def main(argv=None):
@@ -167,14 +207,18 @@ def main(argv=None):
                          "processes), print the table and write --json")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
     args = ap.parse_args(argv)
+    words = ["benchmarks/s3martcirc.py", *(sys.argv[1:] if argv is None else argv)]
     results, rows, commands = {}, [], []
     if args.combine:
         for path in args.combine:
-            with open(path) as f:
-                d = json.load(f)
+            try:
+                d = read_output(path, "runs", dict)
+            except ValueError as e:
+                ap.error(f"--combine {e}")
             results.update(d["runs"])
-            rows += d["rows"]
-            commands.append(d["command"])
+            # rows are rebuilt from the runs, so a file written before a column existed gains it
+            rows += [r for task, m in d["runs"].items() for r in rows_of(task, m)]
+            commands += d.get("commands") or [d["command"]]
     else:
         if args.baselines is None:
             skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"
@@ -185,12 +229,12 @@ def main(argv=None):
             results[task] = m
             rows += rows_of(task, m)
             print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
-        commands.append(" ".join(sys.argv))
-    at_ceiling, by_budget = report(rows, results)
+        commands.append(" ".join(words))
+    checks = report(rows, results)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, runs=results, saturated=at_ceiling, budget_checks=by_budget,
-                           command=" ".join(["python"] + sys.argv) if args.combine else commands[0],
+            json.dump(dict(rows=rows, runs=results, **checks,
+                           command=" ".join(["python", *words]) if args.combine else commands[0],
                            commands=commands), f, indent=1)
     return results
 

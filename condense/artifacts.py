@@ -42,3 +42,18 @@ def read_json(path):
     """Load a JSON file; a path ending in .gz is read as gzipped JSON (large circuits ship so)."""
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         return json.load(f)
+
+
+def read_output(path, key: str, kind: type = list):
+    """An earlier --json output of a benchmark, pooled by its --combine: the JSON object at
+    `path`, which must hold `key` as a `kind` (e.g. 'rows', a list). A missing, unreadable or
+    foreign file raises ValueError naming the path and what it should hold, so that the script
+    refuses it in one line instead of a traceback."""
+    try:
+        d = read_json(path)
+        if not isinstance(d, dict) or not isinstance(d[key], kind):
+            raise TypeError(f"'{key}' is not a {kind.__name__}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a --json output of this script (a JSON object with a "
+                         f"'{key}' {kind.__name__}): {type(e).__name__}: {e}") from None
+    return d

@@ -92,6 +92,11 @@ def top1_agreement():
     return _benchmark("top1_agreement")
 
 
+@pytest.fixture(scope="session")
+def s3martcirc_bench():
+    return _benchmark("s3martcirc")
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 folder (see tiny_gpt2_folder), one per test module."""
