@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py [--model organism|smollm2] [--tasks ioi,acronym]
         [--threads 1] [--baselines exact_patching,attribution_patching,...]
         [--out runs/s3martcirc_bench] [--json PATH] [key=value ...]
-    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py --combine A.json B.json [--json PATH]
+    HF_HUB_OFFLINE=1 python benchmarks/s3martcirc.py --combine A.json B.json [--json PATH] [--plot PNG]
 
 Per task, the shipped recipe recipes/s3martcirc/<model>_<task>.yaml runs through
 `condense run` (method `s3martcirc`) with every node baseline added
@@ -191,6 +191,53 @@ def report(rows, results):
     return checks
 
 
+STYLE = {"s3martcirc": ("C3", "o", "-"), "exact_patching": ("C0", "s", "-"),
+         "exact_patching_heads": ("C0", "s", "-"), "attribution_patching": ("C1", "v", "-"),
+         "attribution_patching_ig": ("C2", "^", "-"), "node_pruning": ("C4", "D", ":"),
+         "random": ("0.6", "x", ":")}  # color, marker, line of each ranking in --plot
+
+
+def plot(rows, results, path):
+    """Per task, the accuracy drop (top) and the logit-difference drop (bottom) of each
+    ranking's top-n nodes ablated against the budget n (log scale), with every node ablated
+    (dashed) and, for accuracy, the largest possible drop (dotted): where the lines meet the
+    ceiling, the budget cannot tell methods apart."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4.6 * len(tasks), 6.4), squeeze=False)
+    for col, task in enumerate(tasks):
+        m = results[task]
+        for row, (key, label) in enumerate((("budgets", "accuracy drop (points)"),
+                                            ("logit_budgets", "logit-difference drop"))):
+            ax = axes[row][col]
+            for r in rows:
+                if r["task"] != task or r["method"] not in STYLE or key not in r:
+                    continue
+                xs = sorted(int(b) for b in r[key])
+                color, marker, line = STYLE[r["method"]]
+                ax.plot(xs, [r[key][str(x)] for x in xs], color=color, marker=marker, ls=line,
+                        ms=4, lw=1.2, label=NAMES.get(r["method"], r["method"]))
+            floor = m["ceiling"]["accuracy_drop" if row == 0 else "logit_drop"]
+            ax.axhline(floor, color="0.3", ls="--", lw=0.9, label="every node ablated")
+            if row == 0:
+                ax.axhline(100 * m["s3martcirc"]["accuracy_full"], color="0.3", ls=":", lw=0.9,
+                           label="largest possible")
+            ax.set_xscale("log")
+            ax.set_xlabel("nodes ablated (top-n of each ranking)")
+            ax.set_ylabel(label)
+            ax.grid(color="0.92")
+            if row == 0:
+                ax.set_title(task, fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="organism", choices=("organism", "smollm2"),
@@ -205,8 +252,12 @@ def main(argv=None):
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                     help="run nothing: pool earlier --json files (e.g. tasks run as separate "
                          "processes), print the table and write --json")
+    ap.add_argument("--plot", metavar="PNG", help="draw both drops against the budget into this "
+                                                  "picture, one column per task")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
     args = ap.parse_args(argv)
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        ap.error(f"--plot {args.plot}: no such folder")  # before the runs, not after
     words = ["benchmarks/s3martcirc.py", *(sys.argv[1:] if argv is None else argv)]
     results, rows, commands = {}, [], []
     if args.combine:
@@ -231,6 +282,8 @@ def main(argv=None):
             print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
         commands.append(" ".join(words))
     checks = report(rows, results)
+    if args.plot:
+        print(f"drew {plot(rows, results, args.plot)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(rows=rows, runs=results, **checks,

@@ -449,3 +449,17 @@ def test_benchmark_combine_refuses_a_file_it_did_not_write(s3martcirc_bench, tmp
             s3martcirc_bench.main(["--combine", path])
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"--combine {path}" in err and "'runs' dict" in err, err
+
+
+def test_benchmark_plot_draws_both_drops_and_refuses_a_missing_folder(s3martcirc_bench, tmp_path):
+    run = _bench_run({"s3martcirc": [(60, 5.0), (70, 5.5)], "attribution_patching_ig": [(50, 5.5), (70, 5.0)],
+                      "random": [(0, 0.0), (0, 0.1)]})
+    rows = s3martcirc_bench.rows_of("ioi", run)
+    path = s3martcirc_bench.plot(rows, {"ioi": run}, str(tmp_path / "budgets.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    pooled = tmp_path / "pooled.json"
+    pooled.write_text(json.dumps(dict(rows=[], runs={"ioi": run}, command="x", commands=["x"])))
+    with pytest.raises(SystemExit) as e:  # refused before anything runs
+        s3martcirc_bench.main(["--combine", str(pooled), "--plot", str(tmp_path / "no" / "b.png")])
+    assert e.value.code == 2
