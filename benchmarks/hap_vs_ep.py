@@ -45,9 +45,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import tasks
 from condense.attribute import attribute
+from condense.artifacts import read_output
 from condense.methods.edge_pruning import HAPConfig, search
 from condense.evaluate import evaluate, reference_outputs
-from condense.artifacts import read_output
 from condense.config import RecipeError
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer

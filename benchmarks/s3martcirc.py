@@ -251,7 +251,8 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write every number here")
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                     help="run nothing: pool earlier --json files (e.g. tasks run as separate "
-                         "processes), print the table and write --json")
+                         "processes; a task in two files takes the later one's run), print the "
+                         "tables and write --json")
     ap.add_argument("--plot", metavar="PNG", help="draw both drops against the budget into this "
                                                   "picture, one column per task")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides for every task")
@@ -266,10 +267,10 @@ def main(argv=None):
                 d = read_output(path, "runs", dict)
             except ValueError as e:
                 ap.error(f"--combine {e}")
-            results.update(d["runs"])
-            # rows are rebuilt from the runs, so a file written before a column existed gains it
-            rows += [r for task, m in d["runs"].items() for r in rows_of(task, m)]
+            results.update(d["runs"])  # a task in two files: the later file's run
             commands += d.get("commands") or [d["command"]]
+        # rows are rebuilt from the runs, so a file written before a column existed gains it
+        rows = [r for task, m in results.items() for r in rows_of(task, m)]
     else:
         if args.baselines is None:
             skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"

@@ -439,6 +439,13 @@ def test_benchmark_reports_logit_drops_per_budget(s3martcirc_bench, tmp_path, ca
     s3 = next(r for r in d["rows"] if r["method"] == "s3martcirc")
     assert s3["logit_budgets"] == {"5": 5.0, "10": 5.5}
     assert d["commands"] == ["x"]  # the runs' own commands, not the pooling's
+    # a task in two files: the later file's run, once (not both runs' rows)
+    later = tmp_path / "later.json"
+    run["s3martcirc_budgets"]["5"]["accuracy_drop"] = 99.0
+    later.write_text(json.dumps(dict(rows=[], runs={"ioi": run}, command="y")))
+    s3martcirc_bench.main(["--combine", str(old), str(later), "--json", str(out)])
+    s3 = [r for r in json.loads(out.read_text())["rows"] if r["method"] == "s3martcirc"]
+    assert len(s3) == 1 and s3[0]["budgets"]["5"] == 99.0
 
 
 def test_benchmark_combine_refuses_a_file_it_did_not_write(s3martcirc_bench, tmp_path, capsys):
