@@ -34,7 +34,6 @@ Also listed: the heads in HAP's circuit that EAP's top-n circuit drops (the HAP 
 """
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -45,7 +44,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import tasks
 from condense.attribute import attribute
-from condense.artifacts import read_output
+from condense.artifacts import read_json, read_output, write_json
 from condense.methods.edge_pruning import HAPConfig, search
 from condense.evaluate import evaluate, reference_outputs
 from condense.config import RecipeError
@@ -240,9 +239,8 @@ def main():
                 ap.error(f"--combine {e}")
         aggregate = aggregate_over_seeds(pooled)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(command=command, combined=args.combine, results=pooled, aggregate=aggregate),
-                          f, indent=1)
+            write_json(args.json, dict(command=command, combined=args.combine, results=pooled,
+                                       aggregate=aggregate))
         return
     for task in args.tasks.split(","):  # bad flags fail here, before the model loads
         try:
@@ -257,8 +255,7 @@ def main():
     tokenizer = load_tokenizer(args.model)
     results, summaries = [], []
     if args.json and os.path.exists(args.json):  # resume: keep the (task, seed)s already done
-        with open(args.json) as f:
-            earlier = json.load(f)
+        earlier = read_json(args.json)
         if earlier.get("partial"):
             results, summaries = earlier["results"], earlier["summary"]
             print(f"resuming {args.json}: {len(summaries)} task-seed pairs done", flush=True)
@@ -270,10 +267,9 @@ def main():
             r, s = bench_task(model, tokenizer, task, argparse.Namespace(**{**vars(args), "seed": seed}))
             results += [dict(x, seed=seed) for x in r]
             summaries.append(s)
-            if args.json:  # after every seed, so that an interrupted run loses at most one
-                with open(args.json, "w") as f:
-                    json.dump(dict(command=command, args=vars(args), results=results, summary=summaries,
-                                   partial=True), f, indent=1)
+            if args.json:  # after every seed (atomically), so that an interrupted run loses at most one
+                write_json(args.json, dict(command=command, args=vars(args), results=results,
+                                           summary=summaries, partial=True))
 
     print("\n| task | seed | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -287,10 +283,8 @@ def main():
     total = time.perf_counter() - start
     print(f"\ntotal {total:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(command=command, args=vars(args), results=results, summary=summaries, aggregate=aggregate,
-                           total_seconds=total),
-                      f, indent=1)
+        write_json(args.json, dict(command=command, args=vars(args), results=results, summary=summaries,
+                                   aggregate=aggregate, total_seconds=total))
 
 
 if __name__ == "__main__":

@@ -29,14 +29,13 @@ it). On SmolLM2 (46,350 nodes) exact patching of every node is out of reach on a
 default there is `exact_patching_heads` (the heads exactly, its time extrapolated to every node).
 """
 import argparse
-import json
 import os
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import runs
-from condense.artifacts import read_output
+from condense.artifacts import read_output, write_json
 from condense.methods.s3martcirc.node_baselines import BASELINES
 
 NAMES = {"s3martcirc": "S3martCirc",
@@ -286,10 +285,9 @@ def main(argv=None):
     if args.plot:
         print(f"drew {plot(rows, results, args.plot)}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, runs=results, **checks,
-                           command=" ".join(["python", *words]) if args.combine else commands[0],
-                           commands=commands), f, indent=1)
+        write_json(args.json, dict(rows=rows, runs=results, **checks,
+                                   command=" ".join(["python", *words]) if args.combine else commands[0],
+                                   commands=commands))
     return results
 
 
