@@ -259,7 +259,7 @@ def main(argv=None):
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before the runs, not after
     words = ["benchmarks/s3martcirc.py", *(sys.argv[1:] if argv is None else argv)]
-    results, rows, commands = {}, [], []
+    results, commands = {}, []
     if args.combine:
         for path in args.combine:
             try:
@@ -268,8 +268,6 @@ def main(argv=None):
                 ap.error(f"--combine {e}")
             results.update(d["runs"])  # a task in two files: the later file's run
             commands += d.get("commands") or [d["command"]]
-        # rows are rebuilt from the runs, so a file written before a column existed gains it
-        rows = [r for task, m in results.items() for r in rows_of(task, m)]
     else:
         if args.baselines is None:
             skip = "exact_patching" if args.model == "smollm2" else "exact_patching_heads"
@@ -278,9 +276,10 @@ def main(argv=None):
         for task in args.tasks.split(","):
             m = run_task(task, args)
             results[task] = m
-            rows += rows_of(task, m)
             print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
         commands.append(" ".join(words))
+    # the tables' rows come from the runs, so a pooled file written before a column existed gains it
+    rows = [r for task, m in results.items() for r in rows_of(task, m)]
     checks = report(rows, results)
     if args.plot:
         print(f"drew {plot(rows, results, args.plot)}")
