@@ -97,6 +97,11 @@ def s3martcirc_bench():
     return _benchmark("s3martcirc")
 
 
+@pytest.fixture(scope="session")
+def heal_objective():
+    return _benchmark("heal_objective")
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 folder (see tiny_gpt2_folder), one per test module."""

@@ -179,3 +179,62 @@ def test_greater_than_digit_form(smollm2_tokenizer):
                                                                f"{century}01 ")
         answers.add(int(r["answer_text"]))
     assert answers == set(range(3, 10))
+
+
+def test_ioi_from_given_templates(organism_tokenizer):
+    """templates= draws IOI rows from the given templates only, every one in every split, with
+    the split still fixed by the prompt's text; the task's own rows are not disturbed."""
+    given = ["{A} and {B} sat in the {PLACE}. {S} lent a {OBJECT} to",
+             "After dinner {A} and {B} talked, and {S} wrote to"]
+    patterns = [re.compile(re.escape(t).replace(r"\{PLACE\}", r".+").replace(r"\{OBJECT\}", r".+")
+                           .replace(r"\{A\}", r"(\w+)").replace(r"\{B\}", r"(\w+)")
+                           .replace(r"\{S\}", r"(\w+)") + "$") for t in given]
+    for split in tasks.SPLITS:
+        rows = tasks.load_task("ioi", organism_tokenizer, split, n=40, seed=3, templates=given)
+        assert set(rows["template"]) == {0, 1}
+        assert not any(rows["heldout_template"])
+        for r in rows:
+            m = patterns[r["template"]].match(r["clean_text"])
+            assert m, r["clean_text"]
+            a, b, s = m.groups()
+            assert s in (a, b) and r["answer_text"] == " " + (b if s == a else a)
+            assert tasks.split_of(r["clean_text"]) == split
+    again = tasks.load_task("ioi", organism_tokenizer, "train", n=40, seed=3, templates=given)
+    assert again["clean_text"] == tasks.load_task("ioi", organism_tokenizer, "train", n=40, seed=3,
+                                                  templates=given)["clean_text"]
+    own = tasks.load_task("ioi", organism_tokenizer, "train", n=40, seed=3)
+    assert not set(own["clean_text"]) & set(again["clean_text"])
+
+
+@pytest.mark.parametrize("name, templates, message", [
+    ("agreement", ["{A} and {B} met. {S} waved to"], "for task 'ioi' only"),
+    ("ioi", [], "at least one template"),
+    ("ioi", ["{A} and {B} met, and then someone waved to"], "must use {A}, {B} and {S}"),
+    ("ioi", ["{A} and {B} met at {TIME}. {S} waved to"], "no field but those"),
+])
+def test_bad_templates_are_named(organism_tokenizer, name, templates, message):
+    with pytest.raises(tasks.TaskError, match=re.escape(message)):
+        tasks.load_task(name, organism_tokenizer, "train", n=5, templates=templates)
+
+
+def test_heal_objective_row_sets(heal_objective, organism_tokenizer, capsys):
+    """benchmarks/heal_objective.py's heal rows: `novel` and `reserved` keep the task's first
+    rows and swap the given share for rows from other templates, all train prompts; bad
+    arguments are refused by name."""
+    task = heal_objective.heal_rows("task", "ioi", organism_tokenizer, 40, 0, 0.25)
+    test = set(tasks.load_task("ioi", organism_tokenizer, "test", n=200)["clean_text"])
+    reserved = set(tasks.IOI_TEMPLATES[-tasks.IOI_HELDOUT:])
+    for kind, templates in (("novel", heal_objective.NOVEL_IOI_TEMPLATES), ("reserved", reserved)):
+        rows = heal_objective.heal_rows(kind, "ioi", organism_tokenizer, 40, 0, 0.25)
+        assert len(rows) == 40 and rows["clean_text"][:30] == task["clean_text"][:30]
+        assert not set(rows["template"][30:]) - set(range(len(templates)))
+        assert all(tasks.split_of(t) == "train" for t in rows["clean_text"])
+        assert not set(rows["clean_text"]) & test
+    assert not set(heal_objective.NOVEL_IOI_TEMPLATES) & set(tasks.IOI_TEMPLATES)
+    for argv, message in ((["--heal-rows", "task,mixed"], "unknown heal rows ['mixed']"),
+                          (["--extra-fraction", "1"], "strictly between 0 and 1"),
+                          (["--task", "agreement", "--heal-rows", "novel"], "for --task ioi only")):
+        with pytest.raises(SystemExit) as e:
+            heal_objective.main(argv)
+        assert e.value.code != 0
+        assert message in str(e.value.code) + capsys.readouterr().err

@@ -9,12 +9,13 @@ split is redrawn. IOI templates reserved for `test` never appear in `train` or `
 """
 import hashlib
 import random
+import string
 from collections import defaultdict
 
 from datasets import Dataset
 
 from . import words as W
-from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample  # noqa: F401
+from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample, ioi_from  # noqa: F401
 
 TASKS = tuple(GENERATORS)
 SPLITS = ("train", "val", "test")
@@ -80,11 +81,27 @@ def _rng(name, split, seed):
     return random.Random(_stable_hash(f"{name}/{split}/{seed}"))
 
 
-def iter_samples(name, tokenizer, split="train", seed=0):
-    """An endless stream of `Sample`s of task `name` whose prompts belong to `split`."""
+def _template_generator(name, templates):
+    """IOI's generator over `templates`, after checking that each one makes an IOI prompt."""
+    if name != "ioi":
+        raise TaskError(f"templates= is for task 'ioi' only, not {name!r}")
+    if not templates:
+        raise TaskError("templates= needs at least one template")
+    for t in templates:
+        fields = {f for _, f, _, _ in string.Formatter().parse(t) if f}
+        if not {"A", "B", "S"} <= fields or fields - {"A", "B", "S", "PLACE", "OBJECT"}:
+            raise TaskError(f"IOI template {t!r} must use {{A}}, {{B}} and {{S}}, and no field "
+                            "but those, {PLACE} and {OBJECT}")
+    return ioi_from(templates)
+
+
+def iter_samples(name, tokenizer, split="train", seed=0, templates=None):
+    """An endless stream of `Sample`s of task `name` whose prompts belong to `split` (IOI's
+    from `templates` instead of its own, where given)."""
     _check_name(name, TASKS, "task")
     _check_name(split, SPLITS, "split")
-    gen, P, rng = GENERATORS[name], word_pools(tokenizer), _rng(name, split, seed)
+    gen = GENERATORS[name] if templates is None else _template_generator(name, templates)
+    P, rng = word_pools(tokenizer), _rng(name, split, seed)
     while True:
         s = gen(rng, split, P)
         if split_of(s.clean) == split:  # held-out templates are only drawn for test
@@ -109,8 +126,13 @@ def _row(tokenizer, s):
                 heldout_template=s.heldout)
 
 
-def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int = 0) -> Dataset:
+def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int = 0,
+              templates: list | None = None) -> Dataset:
     """`n` distinct rows of task `name` (one of TASKS) from `split`, as a `datasets.Dataset`.
+
+    `templates` (IOI only) replaces IOI's template list, every template in every split: heal
+    rows with more template variety, for example (benchmarks/heal_objective.py). The split
+    is still fixed by each prompt's text, so such rows share no prompt with another split.
 
     Deterministic for (name, split, seed, tokenizer). Draws that the tokenizer cannot
     encode under the row contract (e.g. an acronym letter merged with the next) are
@@ -121,7 +143,7 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
     if n < 1:
         raise TaskError(f"task {name!r}: n must be >= 1, got {n}")
     rows, seen, tries, fits, stale = [], set(), 0, 0, 0
-    for s in iter_samples(name, tokenizer, split, seed):
+    for s in iter_samples(name, tokenizer, split, seed, templates):
         tries += 1
         if stale >= STALE:
             raise TaskError(f"task {name!r}, split {split!r}: asked for {n} rows, but it holds "

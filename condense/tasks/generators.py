@@ -53,18 +53,34 @@ IOI_TEMPLATES = [
 IOI_HELDOUT = 4
 
 
+def _ioi_sample(rng, P, template, t, heldout):
+    io, s, third = rng.sample(P["names"], 3)
+    first, second = (io, s) if rng.random() < 0.5 else (s, io)  # ABBA or BABA
+    slots = dict(A=first, B=second, PLACE=rng.choice(P["places"]), OBJECT=rng.choice(P["objects"]))
+    clean = template.format(S=s, **slots)
+    corrupted = template.format(S=third, **slots)  # ABC: S2 becomes a third name
+    train = clean + " " + io
+    return Sample(clean, corrupted, " " + io, " " + s, train, [(len(clean), len(train), 1.0)],
+                  template=t, heldout=heldout)
+
+
 def ioi(rng, split, P):
     n_train = len(IOI_TEMPLATES) - IOI_HELDOUT
     heldout = split == "test" and rng.random() < 0.3
     t = rng.randrange(n_train, len(IOI_TEMPLATES)) if heldout else rng.randrange(n_train)
-    io, s, third = rng.sample(P["names"], 3)
-    first, second = (io, s) if rng.random() < 0.5 else (s, io)  # ABBA or BABA
-    slots = dict(A=first, B=second, PLACE=rng.choice(P["places"]), OBJECT=rng.choice(P["objects"]))
-    clean = IOI_TEMPLATES[t].format(S=s, **slots)
-    corrupted = IOI_TEMPLATES[t].format(S=third, **slots)  # ABC: S2 becomes a third name
-    train = clean + " " + io
-    return Sample(clean, corrupted, " " + io, " " + s, train, [(len(clean), len(train), 1.0)],
-                  template=t, heldout=heldout)
+    return _ioi_sample(rng, P, IOI_TEMPLATES[t], t, heldout)
+
+
+def ioi_from(templates):
+    """An IOI generator that draws from `templates` (each with {A}, {B}, {S}, and optionally
+    {PLACE} and {OBJECT}) in every split, none held out: for experiments on template variety.
+    A sample's `template` is its index in `templates`."""
+    templates = list(templates)
+
+    def gen(rng, split, P):
+        t = rng.randrange(len(templates))
+        return _ioi_sample(rng, P, templates[t], t, False)
+    return gen
 
 
 # ---------------------------------------------------------------- induction
