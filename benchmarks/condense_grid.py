@@ -212,11 +212,7 @@ def combine(paths):
     keeps an earlier file's C0 and heal-only)."""
     rows = {}
     for path in paths:
-        try:
-            found = read_output(path, "rows")["rows"]
-        except ValueError as e:
-            raise SystemExit(f"error: --combine {e}")
-        for r in found:
+        for r in read_output(path, "rows")["rows"]:  # a foreign file: ValueError naming it
             old = rows.get((r["task"], r["seed"]), {})
             rows[(r["task"], r["seed"])] = {**old, **{k: v for k, v in r.items() if v is not None}}
     return [rows[k] for k in sorted(rows)]
@@ -271,7 +267,11 @@ def main(argv=None):
     start = time.time()
     command = "python benchmarks/condense_grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.combine:
-        report(combine(args.combine), args, command, combined=args.combine)
+        try:
+            rows = combine(args.combine)
+        except ValueError as e:
+            ap.error(f"--combine {e}")  # exit 2, as the other pooling benchmarks
+        report(rows, args, command, combined=args.combine)
         return
     for seed in seeds:
         for task in tasks:

@@ -454,6 +454,18 @@ def test_grid_means_weigh_each_task_once(condense_grid):
     assert "Each task weighed once" not in grid.markdown(rows[:3], grid.summarize(rows[:3]))
 
 
+def test_grid_combine_refuses_a_file_it_did_not_write(condense_grid, tmp_path, capsys):
+    """--combine names a foreign file and what it should hold, and exits 2 like the other
+    pooling benchmarks (argparse's usage error), not with a traceback."""
+    for text in ('{"runs": {}}', "not json"):
+        path = tmp_path / "other.json"
+        path.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            condense_grid.main(["--combine", str(path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--combine {path}" in err and "'rows' list" in err, err
+
+
 def test_grid_plot_draws_every_row(condense_grid, tmp_path):
     """The grid picture takes rows with missing variants (a C1-only grid) and writes a PNG."""
     rows = [dict(task="ioi", seed=0, eap_ig_edges=7451, c1_edges=13, c0_edges=9601,
