@@ -211,6 +211,7 @@ def test_ioi_from_given_templates(organism_tokenizer):
     ("ioi", [], "at least one template"),
     ("ioi", ["{A} and {B} met, and then someone waved to"], "must use {A}, {B} and {S}"),
     ("ioi", ["{A} and {B} met at {TIME}. {S} waved to"], "no field but those"),
+    ("ioi", ["{A} and {B} met at {}. {S} waved to"], "no field but those"),
 ])
 def test_bad_templates_are_named(organism_tokenizer, name, templates, message):
     with pytest.raises(tasks.TaskError, match=re.escape(message)):

@@ -88,7 +88,7 @@ def _template_generator(name, templates):
     if not templates:
         raise TaskError("templates= needs at least one template")
     for t in templates:
-        fields = {f for _, f, _, _ in string.Formatter().parse(t) if f}
+        fields = {f for _, f, _, _ in string.Formatter().parse(t) if f is not None}  # "{}" is ""
         if not {"A", "B", "S"} <= fields or fields - {"A", "B", "S", "PLACE", "OBJECT"}:
             raise TaskError(f"IOI template {t!r} must use {{A}}, {{B}} and {{S}}, and no field "
                             "but those, {PLACE} and {OBJECT}")
