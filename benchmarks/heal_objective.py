@@ -79,14 +79,13 @@ def _fraction(value: str) -> float:
 
 def heal_rows(kind: str, task: str, tok, n: int, seed: int, fraction: float):
     """The `n` train rows a heal trains on: the task's own, or (`novel`, `reserved`) those with
-    a `fraction` of them drawn from other IOI templates (the module docstring)."""
+    a `fraction` of them drawn from other IOI templates (the module docstring; load_task
+    refuses templates for any task but IOI, and main() refuses it before the model loads)."""
     from datasets import concatenate_datasets
 
     from condense import tasks
     if kind == "task":
         return tasks.load_task(task, tok, "train", n=n, seed=seed)
-    if task != "ioi":
-        raise SystemExit(f"--heal-rows {kind} is for --task ioi only")
     extra = round(n * fraction)
     templates = (NOVEL_IOI_TEMPLATES if kind == "novel"
                  else tasks.IOI_TEMPLATES[-tasks.IOI_HELDOUT:])
