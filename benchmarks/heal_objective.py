@@ -1,22 +1,33 @@
-"""Does a sharper (or softer) distillation target, or heal rows from more templates, buy top-1
-agreement? The final heal of a condensed circuit redone from a fresh adapter at several
-`heal_temperature`s and on several sets of heal rows.
+"""Does a sharper (or softer) distillation target, heal rows from more templates, or a larger
+adapter buy top-1 agreement? The final heal of a condensed circuit redone from a fresh adapter
+at several `heal_temperature`s, on several sets of heal rows and with several adapters.
 
     HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py [--task ioi] [--circuit PATH]
         [--temperatures 1,0.5,0.25] [--heal-rows task,novel,reserved] [--extra-fraction 0.5]
-        [--steps N] [--rows N] [--threads 1] [--json PATH]
+        [--adapters recipe,64:recipe,16:all] [--heal-seeds 0,1,2] [--steps N] [--rows N] [--threads 1] [--json PATH]
 
 The recipe is recipes/condense/smollm2_<task>.yaml and the circuit the shipped C1
 (checkpoints/condense_smollm2_<task>/circuit.json) unless `--circuit` names another. For each
-set of heal rows and each temperature: the recipe's fresh adapter (the same seed, so the same
-start every time), then condense.methods.condensation.healing.heal itself for the recipe's
+set of heal rows, adapter, temperature and heal seed: a fresh adapter (the same seed gives the
+same start every time), then condense.methods.condensation.healing.heal itself for the recipe's
 final heal (its `final_heal_steps` on `final_heal_rows` train rows, no early stop; the
-general-text and corrupted-prompt terms as the recipe sets them, the same batches every time),
+general-text and corrupted-prompt terms as the recipe sets them, the same batches for the same
+seed),
 then the loop's own test metrics against the original (accuracy, KL, top-1 agreement, by
 template where the task has both) and the general-text perplexity ratio. Temperature 1 is the
 recipe's loss; below 1 both distributions are sharpened before the KL, which weights which
 token is on top over the rest of the vocabulary, the thing top-1 agreement counts; above 1
 they are softened, which weights the rest.
+
+Adapters (`--adapters`): `recipe` is the recipe's LoRA (rank 16, alpha 32, on the modules that
+write to the residual stream); `R:recipe` the same modules at rank R, `R:all` every linear
+module of each block (attention's q, k, v, o and the MLP's gate, up, down on Llama-style
+models), alpha always 2R so that the update's scale is the recipe's. More capacity asks whether
+the adapter, not the data or the objective, is what limits agreement.
+
+Heal seeds (`--heal-seeds`): the seed of the fresh adapter's initialisation and of the heal's
+batch order, the recipe's seed by default. The rows, the circuit and the test stay the
+recipe's, so the spread over heal seeds is the noise every comparison above has to beat.
 
 Heal rows (IOI only beyond `task`), all from the train split, so no prompt is a test prompt:
 - `task`: the recipe's, the task's first `final_heal_rows` train rows (15 IOI templates);
@@ -29,6 +40,7 @@ Heal rows (IOI only beyond `task`), all from the train split, so no prompt is a 
 """
 import argparse
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -37,6 +49,9 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 HEAL_ROWS = ("task", "novel", "reserved")
+ADAPTER_MODULES = ("recipe", "all")
+# every linear module of a Llama-style block (the `all` adapter); GPT-2 has other names
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # IOI templates that appear in no split of the task: each names two people ({A}, {B}), then
 # the subject again ({S}) giving or doing something to the other, whose name comes next
 NOVEL_IOI_TEMPLATES = [
@@ -77,6 +92,41 @@ def _fraction(value: str) -> float:
     return f
 
 
+def _adapters(value: str) -> list:
+    """`recipe` or RANK:MODULES items -> (rank or None, modules); None is the recipe's rank."""
+    specs = []
+    for item in value.split(","):
+        if item == "recipe":
+            specs.append((None, "recipe"))
+            continue
+        rank, _, modules = item.partition(":")
+        if not rank.isdigit() or int(rank) < 1 or modules not in ADAPTER_MODULES:
+            raise argparse.ArgumentTypeError(
+                f"bad adapter {item!r}: give recipe or RANK:MODULES, RANK a positive integer and "
+                f"MODULES one of {', '.join(ADAPTER_MODULES)}")
+        specs.append((int(rank), modules))
+    return specs
+
+
+def _seeds(value: str) -> list:
+    try:
+        seeds = [int(x) for x in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"heal seeds must be integers: {value}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"heal seeds must not be negative: {value}")
+    return seeds
+
+
+def adapter_config(cfg, rank, modules: str):
+    """The recipe's config with the adapter `rank` (None: the recipe's) on `modules`."""
+    if rank is None and modules == "recipe":
+        return cfg
+    rank = rank or cfg.lora_rank
+    targets = ALL_LINEAR if modules == "all" else cfg.lora_targets
+    return dataclasses.replace(cfg, lora_rank=rank, lora_alpha=2 * rank, lora_targets=targets)
+
+
 def heal_rows(kind: str, task: str, tok, n: int, seed: int, fraction: float):
     """The `n` train rows a heal trains on: the task's own, or (`novel`, `reserved`) those with
     a `fraction` of them drawn from other IOI templates (the module docstring; load_task
@@ -109,6 +159,11 @@ def main(argv=None):
                     help=f"comma-separated sets of heal rows, of {', '.join(HEAL_ROWS)} (docstring)")
     ap.add_argument("--extra-fraction", type=_fraction, default=0.5,
                     help="the share of novel or reserved-template rows in those sets")
+    ap.add_argument("--adapters", type=_adapters, default=[(None, "recipe")],
+                    help="comma-separated adapters: recipe, or RANK:recipe / RANK:all (docstring)")
+    ap.add_argument("--heal-seeds", type=_seeds, default=None,
+                    help="comma-separated seeds of the adapter's init and batch order "
+                         "(default: the recipe's seed)")
     ap.add_argument("--steps", type=int, default=None, help="default: the recipe's final_heal_steps")
     ap.add_argument("--rows", type=int, default=None, help="default: the recipe's final_heal_rows")
     ap.add_argument("--threads", type=int, default=1)
@@ -159,24 +214,33 @@ def main(argv=None):
         target = healing.last_logprobs(model, rows, cfg.batch_size)
         corrupted = (healing.last_logprobs(model, rows, cfg.batch_size, "corrupted_ids")
                      if cfg.heal_corrupted_weight > 0 else None)
-        for t in args.temperatures:
-            run_cfg = dataclasses.replace(cfg, heal_temperature=t)
+        for (rank, modules), t, seed in itertools.product(args.adapters, args.temperatures,
+                                                          args.heal_seeds or [cfg.seed]):
+            run_cfg = dataclasses.replace(adapter_config(cfg, rank, modules), heal_temperature=t,
+                                          seed=seed)
             peft_model = healing.add_adapter(model, run_cfg)  # same seed: the same fresh adapter
+            adapter = dict(lora_rank=run_cfg.lora_rank, lora_alpha=run_cfg.lora_alpha,
+                           lora_targets=healing.lora_targets(run_cfg, model),
+                           adapter_parameters=sum(p.numel() for n, p in peft_model.named_parameters()
+                                                  if "lora_" in n))
             t0 = time.perf_counter()
             losses = healing.heal(peft_model, circuit, rows, target, run_cfg, 1,
                                   general_blocks=blocks, corrupted_logp=corrupted,
-                                  desc=f"heal on {kind} rows at temperature {t}")
+                                  desc=f"heal on {kind} rows at temperature {t}, "
+                                       f"rank {run_cfg.lora_rank} on {modules}, seed {seed}")
             seconds = time.perf_counter() - t0
             m = circuit_metrics(peft_model, circuit, test, test_ref, run_cfg)
             m.update(template_split_metrics(peft_model, circuit, test, test_ref, run_cfg))
             ppl = perplexity(peft_model, val_blocks, cfg.batch_size)
-            record = dict(heal_rows=kind, temperature=t, heal_seconds=seconds, last_loss=losses[-1],
+            record = dict(heal_rows=kind, temperature=t, heal_seed=seed, adapter=modules, **adapter,
+                          heal_seconds=seconds, last_loss=losses[-1],
                           accuracy=m["accuracy"], accuracy_original=m["accuracy_full"], kl=m["kl"],
                           top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
                           ppl_ratio=ppl / ppl_original,
                           **{k: v for k, v in m.items() if k.endswith("_templates")})
             results["heals"].append(record)
-            print(f"{kind} rows, temperature {t}: test accuracy {record['accuracy']:.3f} (original "
+            print(f"{kind} rows, temperature {t}, rank {run_cfg.lora_rank} on {modules}, "
+                  f"seed {seed}: test accuracy {record['accuracy']:.3f} (original "
                   f"{record['accuracy_original']:.3f}), KL {record['kl']:.4f}, top-1 agreement "
                   f"{record['top1_agreement']:.3f}"
                   + "".join(f", {k.replace('top1_agreement_', '').replace('_', ' ')} {v:.3f}"

@@ -239,3 +239,40 @@ def test_heal_objective_row_sets(heal_objective, organism_tokenizer, capsys):
             heal_objective.main(argv)
         assert e.value.code != 0
         assert message in str(e.value.code) + capsys.readouterr().err
+
+
+def test_heal_objective_adapters(heal_objective, capsys):
+    """benchmarks/heal_objective.py's --adapters: `recipe` is the recipe's config itself,
+    RANK:MODULES sets rank, alpha 2 × rank and the modules, and the adapter lands on them;
+    bad adapters and heal seeds are refused by name."""
+    import os
+
+    from condense.methods.condensation import healing
+    from condense.runs import load_config
+
+    from .tiny import make_model
+    specs = heal_objective._adapters("recipe,64:recipe,8:all")
+    assert specs == [(None, "recipe"), (64, "recipe"), (8, "all")]
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "recipes", "condense",
+                                  "smollm2_ioi.yaml"), [])
+    assert heal_objective.adapter_config(cfg, None, "recipe") is cfg
+    wide = heal_objective.adapter_config(cfg, 64, "recipe")
+    assert (wide.lora_rank, wide.lora_alpha, wide.lora_targets) == (64, 128, cfg.lora_targets)
+    everywhere = heal_objective.adapter_config(cfg, 8, "all")
+    assert (everywhere.lora_rank, everywhere.lora_alpha) == (8, 16)
+
+    def wrapped(c):
+        peft_model = healing.add_adapter(make_model("llama"), c)
+        return {n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters()
+                if ".lora_A." in n}
+    assert wrapped(everywhere) == set(heal_objective.ALL_LINEAR)
+    assert wrapped(cfg) == set(healing.lora_targets(cfg, make_model("llama"))) == {"o_proj", "down_proj"}
+    for bad in ("16", "16:attention", "0:all", "x:recipe"):
+        with pytest.raises(SystemExit):
+            heal_objective.main(["--adapters", bad])
+        assert f"bad adapter '{bad}'" in capsys.readouterr().err
+    assert heal_objective._seeds("0,1,7") == [0, 1, 7]
+    for bad, message in (("1,a", "must be integers"), ("-1", "must not be negative")):
+        with pytest.raises(SystemExit):
+            heal_objective.main(["--heal-seeds", bad])
+        assert message in capsys.readouterr().err
