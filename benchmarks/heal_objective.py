@@ -4,7 +4,8 @@ at several `heal_temperature`s, on several sets of heal rows and with several ad
 
     HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py [--task ioi] [--circuit PATH]
         [--temperatures 1,0.5,0.25] [--heal-rows task,novel,reserved] [--extra-fraction 0.5]
-        [--adapters recipe,64:recipe,16:all] [--heal-seeds 0,1,2] [--steps N] [--rows N] [--threads 1] [--json PATH]
+        [--adapters recipe,64:recipe,16:all] [--heal-seeds 0,1,2] [--steps N] [--rows N]
+        [--threads 1] [--json PATH]
 
 The recipe is recipes/condense/smollm2_<task>.yaml and the circuit the shipped C1
 (checkpoints/condense_smollm2_<task>/circuit.json) unless `--circuit` names another. For each
