@@ -222,8 +222,8 @@ def main(argv=None):
             peft_model = healing.add_adapter(model, run_cfg)  # same seed: the same fresh adapter
             adapter = dict(lora_rank=run_cfg.lora_rank, lora_alpha=run_cfg.lora_alpha,
                            lora_targets=healing.lora_targets(run_cfg, model),
-                           adapter_parameters=sum(p.numel() for n, p in peft_model.named_parameters()
-                                                  if "lora_" in n))
+                           adapter_parameters=sum(
+                               v.numel() for v in healing.adapter_state(peft_model).values()))
             t0 = time.perf_counter()
             losses = healing.heal(peft_model, circuit, rows, target, run_cfg, 1,
                                   general_blocks=blocks, corrupted_logp=corrupted,
