@@ -22,9 +22,10 @@ they are softened, which weights the rest.
 
 Adapters (`--adapters`): `recipe` is the recipe's LoRA (rank 16, alpha 32, on the modules that
 write to the residual stream); `R:recipe` the same modules at rank R, `R:all` every linear
-module of each block (attention's q, k, v, o and the MLP's gate, up, down on Llama-style
-models), alpha always 2R so that the update's scale is the recipe's. More capacity asks whether
-the adapter, not the data or the objective, is what limits agreement.
+module of each block (the recipe key `lora_targets: all-linear`: attention's q, k, v, o and
+the MLP's gate, up, down on Llama-style models), alpha always 2R so that the update's scale
+is the recipe's. More capacity asks whether the adapter, not the data or the objective, is
+what limits agreement.
 
 Heal seeds (`--heal-seeds`): the seed of the fresh adapter's initialisation and of the heal's
 batch order, the recipe's seed by default. The rows, the circuit and the test stay the
@@ -51,8 +52,6 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 HEAL_ROWS = ("task", "novel", "reserved")
 ADAPTER_MODULES = ("recipe", "all")
-# every linear module of a Llama-style block (the `all` adapter); GPT-2 has other names
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # IOI templates that appear in no split of the task: each names two people ({A}, {B}), then
 # the subject again ({S}) giving or doing something to the other, whose name comes next
 NOVEL_IOI_TEMPLATES = [
@@ -123,8 +122,9 @@ def adapter_config(cfg, rank, modules: str):
     """The recipe's config with the adapter `rank` (None: the recipe's) on `modules`."""
     if rank is None and modules == "recipe":
         return cfg
+    from condense.methods.condensation.config import ALL_LINEAR
     rank = rank or cfg.lora_rank
-    targets = ALL_LINEAR if modules == "all" else cfg.lora_targets
+    targets = ALL_LINEAR if modules == "all" else cfg.lora_targets  # PEFT resolves it per family
     return dataclasses.replace(cfg, lora_rank=rank, lora_alpha=2 * rank, lora_targets=targets)
 
 
@@ -221,7 +221,7 @@ def main(argv=None):
                                           seed=seed)
             peft_model = healing.add_adapter(model, run_cfg)  # same seed: the same fresh adapter
             adapter = dict(lora_rank=run_cfg.lora_rank, lora_alpha=run_cfg.lora_alpha,
-                           lora_targets=healing.lora_targets(run_cfg, model),
+                           lora_targets=healing.adapted_modules(peft_model),
                            adapter_parameters=sum(
                                v.numel() for v in healing.adapter_state(peft_model).values()))
             t0 = time.perf_counter()

@@ -265,7 +265,8 @@ def test_heal_objective_adapters(heal_objective, capsys):
         peft_model = healing.add_adapter(make_model("llama"), c)
         return {n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters()
                 if ".lora_A." in n}
-    assert wrapped(everywhere) == set(heal_objective.ALL_LINEAR)
+    assert wrapped(everywhere) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                   "down_proj"}
     assert wrapped(cfg) == set(healing.lora_targets(cfg, make_model("llama"))) == {"o_proj", "down_proj"}
     for bad in ("16", "16:attention", "0:all", "x:recipe"):
         with pytest.raises(SystemExit):

@@ -1,10 +1,13 @@
 """Condensation's recipe keys (CondenseConfig) and the checks that run before any model loads."""
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from condense.artifacts import read_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
+
+# PEFT's shorthand for every linear (and GPT-2 Conv1D) layer but the output head
+ALL_LINEAR = "all-linear"
 
 
 @dataclass
@@ -69,9 +72,11 @@ class CondenseConfig(RunConfig):
                 "a superset of the run's; null: the run's n_train rows)"})
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha"})
-    lora_targets: Optional[list] = field(default=None, metadata={
-        "help": "LoRA target module names (null: the residual-stream writers of the "
-                "family: c_proj for GPT-2, o_proj and down_proj otherwise)"})
+    lora_targets: Optional[Union[list, str]] = field(default=None, metadata={
+        "help": f"LoRA target module names, or \"{ALL_LINEAR}\" for every linear layer but the "
+                "output head (q, k, v, o, gate, up, down on Llama; c_attn, c_proj, c_fc on "
+                "GPT-2); null: the residual-stream writers of the family: c_proj for GPT-2, "
+                "o_proj and down_proj otherwise"})
     gate_accuracy_tol: float = field(default=0.05, metadata={
         "help": "accept a round when val circuit accuracy >= original - this"})
     gate_empty_fails: bool = field(default=True, metadata={
@@ -146,6 +151,18 @@ class CondenseConfig(RunConfig):
             if self.early_rank_method not in METHODS:
                 refuse(self, "early_rank_method", f"must be one of {', '.join(METHODS)} or null")
         at_least(self, "early_rank_edges", 0)
+        self._check_lora_targets()
+
+    def _check_lora_targets(self):
+        targets = self.lora_targets
+        if isinstance(targets, str) and targets != ALL_LINEAR:
+            refuse(self, "lora_targets", f'must be a list of module names, "{ALL_LINEAR}" or null')
+        if isinstance(targets, list):
+            if not targets:
+                refuse(self, "lora_targets", "must name at least one module (null: the family's default)")
+            bad = [t for t in targets if not isinstance(t, str) or not t]
+            if bad:
+                refuse(self, "lora_targets", "every entry must be a module name", bad[0])
 
 
 def read_circuit_file(path, what="init_circuit"):

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from condense.evaluate import dataset_columns
+from condense.methods.condensation.config import ALL_LINEAR
 from condense.metrics import eval_mode, kl_rows, pad_batch
 from condense.model_parts import model_shape
 from condense.optimize import Diverged, fit, shard
@@ -19,9 +20,20 @@ HealDiverged = Diverged  # the heal loss or the adapter became NaN/inf: the roun
 
 
 def lora_targets(cfg, model):
+    """The recipe's module names, or "all-linear" (PEFT resolves it per family), or by default
+    the family's residual-stream writers."""
+    if cfg.lora_targets == ALL_LINEAR:
+        return ALL_LINEAR
     if cfg.lora_targets:
         return list(cfg.lora_targets)
     return LORA_TARGETS.get(model_shape(model).model_type, DEFAULT_LORA_TARGETS)
+
+
+def adapted_modules(model) -> list:
+    """The names (last component, e.g. `o_proj`) of the modules that carry a LoRA adapter: what
+    `lora_targets` resolved to on this model."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if hasattr(module, "lora_A") and len(module.lora_A)})
 
 
 def add_adapter(model, cfg):
