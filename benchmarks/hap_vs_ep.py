@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
         [--seeds 0,1,2] [--batch-size 32] [--init-log-alpha 10]
-        [--no-control] [--model checkpoints/organism] [--json PATH]
+        [--no-control] [--no-progress] [--model checkpoints/organism] [--json PATH]
     python benchmarks/hap_vs_ep.py --combine A.json B.json [--json C.json]   # pool seeds
 
 Per task, with the recipes' settings (condense/methods/edge_pruning/; HAPConfig defaults unless a
@@ -110,7 +110,7 @@ def bench_task(model, tokenizer, task, args):
     n_edges = int(graph.valid.sum())
     n_target = round((1 - args.target) * n_edges)
     start, cpu_start = time.perf_counter(), time.process_time()
-    attribute(model, graph, rows["train"], "eap", batch_size=cfg.batch_size, progress=False)
+    attribute(model, graph, rows["train"], "eap", batch_size=cfg.batch_size, progress=args.progress)
     eap = graph.copy()
     eap.apply_topn(n_target)
     eap.prune()
@@ -126,13 +126,13 @@ def bench_task(model, tokenizer, task, args):
         add(method + "@target", at_target, r["search_seconds"], r["cpu_seconds"], r["steps"],
             dict(edges_kept=n_target, train_seconds=r["train_seconds"], **extra))
 
-    ep = search(model, rows["train"], cfg, hap=False, progress=False)
+    ep = search(model, rows["train"], cfg, hap=False, progress=args.progress)
     add_search("edge_pruning", ep, {})
-    hap = search(model, rows["train"], cfg, hap=True, progress=False)
+    hap = search(model, rows["train"], cfg, hap=True, progress=args.progress)
     add_search("hap", hap, dict(rank_seconds=hap["rank_seconds"], n_candidates=hap["n_candidates"]))
     if args.control:
         short = dataclasses.replace(cfg, ep_steps=hap["steps"])
-        ctl = search(model, rows["train"], short, hap=False, progress=False)
+        ctl = search(model, rows["train"], short, hap=False, progress=args.progress)
         add_search("ep@hap_steps", ctl, {})
 
     by = {r["method"]: r for r in results}
@@ -223,6 +223,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-control", dest="control", action="store_false",
                     help="skip Edge Pruning at HAP's step count")
+    ap.add_argument("--no-progress", dest="progress", action="store_false",
+                    help="no progress bars (stderr) for the searches' steps and EAP's scoring")
     ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
