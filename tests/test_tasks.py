@@ -262,9 +262,7 @@ def test_heal_objective_adapters(heal_objective, capsys):
     assert (everywhere.lora_rank, everywhere.lora_alpha) == (8, 16)
 
     def wrapped(c):
-        peft_model = healing.add_adapter(make_model("llama"), c)
-        return {n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters()
-                if ".lora_A." in n}
+        return set(healing.adapted_modules(healing.add_adapter(make_model("llama"), c)))
     assert wrapped(everywhere) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                    "down_proj"}
     assert wrapped(cfg) == set(healing.lora_targets(cfg, make_model("llama"))) == {"o_proj", "down_proj"}

@@ -37,7 +37,8 @@ def adapted_modules(model) -> list:
 
 
 def add_adapter(model, cfg):
-    """A fresh LoRA on every residual-stream writer; base weights frozen."""
+    """A fresh LoRA on the modules `lora_targets` names (by default every residual-stream
+    writer); base weights frozen."""
     from peft import LoraConfig, get_peft_model
     targets = lora_targets(cfg, model)
     gpt2 = model_shape(model).model_type == "gpt2"
