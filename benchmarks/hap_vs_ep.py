@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/hap_vs_ep.py [--tasks ioi,induction] [--steps 1000]
         [--target 0.95] [--candidates 0.3] [--n-train 200] [--n-test 200] [--threads 1]
         [--seeds 0,1,2] [--batch-size 32] [--init-log-alpha 10]
-        [--no-control] [--no-progress] [--model checkpoints/organism] [--json PATH]
+        [--no-control | --control-only] [--no-progress] [--model checkpoints/organism] [--json PATH]
     python benchmarks/hap_vs_ep.py --combine A.json B.json [--json C.json]   # pool seeds
 
 Per task, with the recipes' settings (condense/methods/edge_pruning/; HAPConfig defaults unless a
@@ -14,7 +14,10 @@ flag says otherwise):
 - HAP: EAP candidates (top `--candidates` fraction of edges), then Edge Pruning over those
   only, its step count from the same ramp rate (condense.methods.edge_pruning.hap_schedule);
 - EP@HAP steps (unless --no-control): Edge Pruning over all edges with HAP's step count, to
-  show what the steps alone buy.
+  show what the steps alone buy. `--control-only` runs only this, for runs made with
+  --no-control: HAP's step count comes from the same schedule without running HAP, and every
+  search seeds its own gates, noise and batches from the seed, so the control is the one the
+  full run would have made; `--combine` pools it with them.
 Each circuit is evaluated on the test rows (accuracy, logit difference, KL, faithfulness).
 EP, HAP and the control are evaluated twice: thresholded to their learned sparsity (the
 method's circuit) and to exactly the target's edge count (`<method>@target`, the same masks):
@@ -22,7 +25,8 @@ the learned sizes differ from run to run and KL depends steeply on size, so the 
 the like-for-like comparison. KL is also reported on the train rows (`kl_train`) and, for
 IOI, on the test rows of seen and of held-out templates (`kl_seen`, `kl_heldout`). With
 several `--seeds` (each its own rows, gate noise and
-batch order) the last lines give HAP / EP ratios of the means over seeds.
+batch order) the last lines give HAP / EP ratios of the means over seeds, and the control's
+KL / EP's where every seed has one.
 With --json the file is written after every task-seed pair (marked partial until the end), and
 a rerun with the same --json skips the pairs it holds: an interrupted run resumes.
 Time is the whole search (targets, EAP for HAP, mask training, thresholding), single
@@ -46,6 +50,7 @@ from condense import tasks
 from condense.attribute import attribute
 from condense.artifacts import read_json, read_output, write_json
 from condense.methods.edge_pruning import HAPConfig, search
+from condense.methods.edge_pruning.search import candidate_count, hap_schedule
 from condense.evaluate import evaluate, reference_outputs
 from condense.config import RecipeError
 from condense.graph import Graph
@@ -109,12 +114,6 @@ def bench_task(model, tokenizer, task, args):
     graph = Graph.from_model(model)
     n_edges = int(graph.valid.sum())
     n_target = round((1 - args.target) * n_edges)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    attribute(model, graph, rows["train"], "eap", batch_size=cfg.batch_size, progress=args.progress)
-    eap = graph.copy()
-    eap.apply_topn(n_target)
-    eap.prune()
-    add("eap", eap, time.perf_counter() - start, time.process_time() - cpu_start, extra=dict(edges_kept=n_target))
 
     def add_search(method, r, extra):
         add(method, r["circuit"], r["search_seconds"], r["cpu_seconds"], r["steps"],
@@ -126,14 +125,30 @@ def bench_task(model, tokenizer, task, args):
         add(method + "@target", at_target, r["search_seconds"], r["cpu_seconds"], r["steps"],
             dict(edges_kept=n_target, train_seconds=r["train_seconds"], **extra))
 
+    def add_control(hap_steps):
+        short = dataclasses.replace(cfg, ep_steps=hap_steps)
+        add_search("ep@hap_steps", search(model, rows["train"], short, hap=False,
+                                          progress=args.progress), {})
+
+    if args.control_only:
+        # HAP's step count without running HAP: its start sparsity is its candidate share
+        hap_steps, _ = hap_schedule(cfg, 1.0 - candidate_count(cfg, n_edges) / n_edges)
+        add_control(hap_steps)
+        print(f"  {task}: the control only, Edge Pruning for HAP's {hap_steps} steps", flush=True)
+        return results, dict(task=task, seed=args.seed, control_only=True, control_steps=hap_steps)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    attribute(model, graph, rows["train"], "eap", batch_size=cfg.batch_size, progress=args.progress)
+    eap = graph.copy()
+    eap.apply_topn(n_target)
+    eap.prune()
+    add("eap", eap, time.perf_counter() - start, time.process_time() - cpu_start, extra=dict(edges_kept=n_target))
+
     ep = search(model, rows["train"], cfg, hap=False, progress=args.progress)
     add_search("edge_pruning", ep, {})
     hap = search(model, rows["train"], cfg, hap=True, progress=args.progress)
     add_search("hap", hap, dict(rank_seconds=hap["rank_seconds"], n_candidates=hap["n_candidates"]))
     if args.control:
-        short = dataclasses.replace(cfg, ep_steps=hap["steps"])
-        ctl = search(model, rows["train"], short, hap=False, progress=args.progress)
-        add_search("ep@hap_steps", ctl, {})
+        add_control(hap["steps"])
 
     by = {r["method"]: r for r in results}
     summary = dict(
@@ -163,10 +178,16 @@ def bench_task(model, tokenizer, task, args):
 
 
 def aggregate_over_seeds(results):
-    """Per task: HAP / EP ratios of the means over the seeds in `results` (printed too)."""
+    """Per task: HAP / EP ratios of the means over the seeds in `results` (printed too), and
+    the control's KL / EP's where every seed has a control. Tasks without HAP and Edge Pruning
+    rows (a --control-only run on its own) are skipped."""
     aggregate = {}
     for task in dict.fromkeys(r["task"] for r in results):
         seeds = sorted({r["seed"] for r in results if r["task"] == task})
+        done = {(r["seed"], r["method"]) for r in results if r["task"] == task}
+        if not all((sd, m) in done for sd in seeds for m in ("hap", "edge_pruning")):
+            print(f"\n{task}: no HAP / Edge Pruning pair on every seed {seeds}; no ratios")
+            continue
 
         def mean(method, key):
             xs = [r[key] for r in results if r["task"] == task and r["method"] == method]
@@ -187,6 +208,13 @@ def aggregate_over_seeds(results):
                     / next(r["kl"] for r in results if r["task"] == task and r["seed"] == sd
                            and r["method"] == "edge_pruning@target") for sd in seeds]
         a["kl_ratio@target_per_seed"] = per_seed
+        control = all((sd, "ep@hap_steps@target") in done for sd in seeds)
+        if control:  # what the shorter schedule alone gives, over the same seeds
+            for suffix in ("", "@target"):
+                a["control_kl_ratio" + suffix] = (mean("ep@hap_steps" + suffix, "kl")
+                                                  / mean("edge_pruning" + suffix, "kl"))
+                a["control_accuracy_diff" + suffix] = (mean("ep@hap_steps" + suffix, "accuracy")
+                                                       - mean("edge_pruning" + suffix, "accuracy"))
         aggregate[task] = a
         print(f"\n{task} over seeds {seeds}: HAP {100 * a['speedup']:.1f} % faster (CPU "
               f"{100 * a['speedup_cpu']:.1f} %); mean KL HAP / EP {a['kl_ratio']:.3f} at the learned "
@@ -197,6 +225,11 @@ def aggregate_over_seeds(results):
         if split:
             print("  KL HAP / EP at the target's edge count, by rows: " + ", ".join(
                 f"{p} {a[f'kl_{p}_ratio@target']:.3f}" for p in split))
+        if control:
+            print(f"  control (Edge Pruning for HAP's steps): mean KL / EP's "
+                  f"{a['control_kl_ratio']:.3f} at its learned sparsity, "
+                  f"{a['control_kl_ratio@target']:.3f} at the target's edge count; accuracy diff "
+                  f"{a['control_accuracy_diff']:+.3f} / {a['control_accuracy_diff@target']:+.3f}")
     return aggregate
 
 
@@ -221,8 +254,12 @@ def main():
     ap.add_argument("--seeds", default="0",
                     help="comma-separated seeds (each: its own rows, gate noise and batches)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-control", dest="control", action="store_false",
-                    help="skip Edge Pruning at HAP's step count")
+    control = ap.add_mutually_exclusive_group()
+    control.add_argument("--no-control", dest="control", action="store_false",
+                         help="skip Edge Pruning at HAP's step count")
+    control.add_argument("--control-only", action="store_true",
+                         help="run only Edge Pruning at HAP's step count (the same control a run "
+                              "without --no-control makes), to pool with --no-control runs")
     ap.add_argument("--no-progress", dest="progress", action="store_false",
                     help="no progress bars (stderr) for the searches' steps and EAP's scoring")
     ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
@@ -276,10 +313,11 @@ def main():
     print("\n| task | seed | method | steps | wall s | CPU s | CPU time / EP | edges | accuracy | logit diff | KL | faithfulness |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        ep_s = next(x["cpu_seconds"] for x in results if x["task"] == r["task"]
-                    and x["seed"] == r["seed"] and x["method"] == "edge_pruning")
+        ep_s = next((x["cpu_seconds"] for x in results if x["task"] == r["task"]
+                     and x["seed"] == r["seed"] and x["method"] == "edge_pruning"), None)
+        ratio = f"{r['cpu_seconds'] / ep_s:.2f}" if ep_s else "—"
         print(f"| {r['task']} | {r['seed']} | {r['method']} | {r['steps'] if r['steps'] is not None else '—'} | "
-              f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['cpu_seconds'] / ep_s:.2f} | {r['edges']} | {r['accuracy']:.3f} | "
+              f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {ratio} | {r['edges']} | {r['accuracy']:.3f} | "
               f"{r['logit_diff']:.2f} | {r['kl']:.4f} | {r['faithfulness']:.3f} |")
     aggregate = aggregate_over_seeds(results)
     total = time.perf_counter() - start
