@@ -102,6 +102,11 @@ def heal_objective():
     return _benchmark("heal_objective")
 
 
+@pytest.fixture(scope="session")
+def hap_vs_ep():
+    return _benchmark("hap_vs_ep")
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 folder (see tiny_gpt2_folder), one per test module."""

@@ -238,14 +238,45 @@ def test_bad_values_fail_before_any_model_loads(tmp_path, monkeypatch):
             run_recipe(tmp_path, "no/such/model", method=method, **{key: value})
 
 
-def test_hap_vs_ep_combine_refuses_a_file_it_did_not_write(tmp_path):
-    """--combine names the file and what it should hold, instead of a traceback."""
-    import subprocess
+def test_hap_vs_ep_combine_refuses_a_file_it_did_not_write(tmp_path, monkeypatch, capsys, hap_vs_ep):
+    """--combine names the file and what it should hold: a usage error, not a traceback."""
     import sys
     other = tmp_path / "grid.json"
     other.write_text('{"rows": []}')
     for path in (str(tmp_path / "missing.json"), str(other)):
-        done = subprocess.run([sys.executable, "benchmarks/hap_vs_ep.py", "--combine", path],
-                              capture_output=True, text=True)
-        assert done.returncode == 2 and f"--combine {path}" in done.stderr, done.stderr
-        assert "'results' list" in done.stderr and "Traceback" not in done.stderr
+        monkeypatch.setattr(sys, "argv", ["hap_vs_ep.py", "--combine", path])
+        with pytest.raises(SystemExit) as exit:
+            hap_vs_ep.main()
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and f"--combine {path}" in err, err
+        assert "'results' list" in err
+
+
+def test_hap_vs_ep_control_only_is_the_control_of_a_full_run(tmp_path, monkeypatch, hap_vs_ep):
+    """--control-only (for runs made with --no-control) gives the control a full run makes, and
+    --combine pools it with the --no-control run into the full run's control ratios."""
+    import json
+    import sys
+    flags = ["--tasks", "ioi", "--seeds", "0", "--steps", "16", "--n-train", "16", "--n-test", "16",
+             "--batch-size", "8", "--candidates", "0.4", "--init-log-alpha", "1", "--no-progress"]
+
+    def run(name, *args):
+        path = str(tmp_path / f"{name}.json")
+        monkeypatch.setattr(sys, "argv", ["hap_vs_ep.py", *args, "--json", path])
+        hap_vs_ep.main()
+        return path, json.load(open(path))
+
+    _, full = run("full", *flags)
+    no_control, _ = run("no_control", *flags, "--no-control")
+    control, only = run("control", *flags, "--control-only")
+    in_run = [r for r in full["results"] if r["method"].startswith("ep@hap_steps")]
+    assert [r["method"] for r in only["results"]] == ["ep@hap_steps", "ep@hap_steps@target"]
+    for a, b in zip(in_run, only["results"]):
+        assert a["steps"] == b["steps"] < 16  # HAP's step count, from the schedule alone
+        for key in ("edges", "accuracy", "kl", "logit_diff"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    _, combined = run("combined", "--combine", no_control, control)
+    pooled, whole = combined["aggregate"]["ioi"], full["aggregate"]["ioi"]
+    for key in ("control_kl_ratio", "control_kl_ratio@target", "kl_ratio@target"):
+        assert pooled[key] == pytest.approx(whole[key], rel=1e-6), key
+    assert "control_kl_ratio" not in json.load(open(no_control))["aggregate"]["ioi"]
