@@ -19,6 +19,14 @@ class RecipeError(ValueError):
     pass
 
 
+def _type_name(tp) -> str:
+    """A recipe type as YAML users read it: `null`, `list`, `float` (not typing's repr)."""
+    if tp is type(None):
+        return "null"
+    tp = typing.get_origin(tp) or tp
+    return getattr(tp, "__name__", str(tp))
+
+
 def _check_type(name, value, tp):
     origin = typing.get_origin(tp)
     if tp is typing.Any:
@@ -29,7 +37,9 @@ def _check_type(name, value, tp):
                 return _check_type(name, value, arg)
             except RecipeError:
                 pass
-        raise RecipeError(f"recipe key {name!r}: {value!r} is not of type {tp}")
+        allowed = [_type_name(arg) for arg in typing.get_args(tp)]
+        raise RecipeError(f"recipe key {name!r}: expected {', '.join(allowed[:-1])} or "
+                          f"{allowed[-1]}, got {type(value).__name__} {value!r}")
     if tp is type(None):
         if value is None:
             return None

@@ -41,7 +41,8 @@ def test_all_linear_adapter_is_on_every_linear_layer_but_the_head_and_the_graph_
 @pytest.mark.parametrize("value, message", [
     ("all_linear", 'must be a list of module names, "all-linear" or null'),
     ("[]", "must name at least one module"),
-    ("[o_proj, 3]", "every entry must be a module name, got 3")])
+    ("[o_proj, 3]", "every entry must be a module name, got 3"),
+    ("5", "expected list, str or null, got int 5")])
 def test_lora_targets_are_checked(tmp_path, value, message):
     with pytest.raises(RecipeError, match=re.escape(f"'lora_targets': {message}")):
         load_config_for(tmp_path, f"lora_targets={value}")

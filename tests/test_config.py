@@ -29,6 +29,12 @@ def test_wrong_type_fails(key, value):
         from_dict(Demo, {key: value})
 
 
+def test_an_optional_key_names_its_types_as_yaml_reads_them():
+    """Union types are named as a recipe writer reads them, not as typing prints them."""
+    with pytest.raises(RecipeError, match=r"^recipe key 'target': expected int or null, got str 'x'$"):
+        from_dict(Demo, {"target": "x"})
+
+
 def test_overrides_are_yaml_scalars():
     assert parse_overrides(["heal=false", "lr=3e-3", "steps=5", "name=runs/a", "target=null"]) == \
         dict(heal=False, lr="3e-3", steps=5, name="runs/a", target=None)
