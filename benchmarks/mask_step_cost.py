@@ -1,7 +1,8 @@
 """The CPU time of one mask-training step (forward and backward of the patched graph) on
 SmolLM2-135M induction, 8 rows, one thread, for three edge masks: every gate at 1 (Edge
-Pruning's first steps from log alpha 10, where every hard-concrete sample is exactly 1), HAP's
-start (40 % of the edges at 1, the rest fixed at 0) and a mid-training mask (uniform values).
+Pruning's first steps from log alpha 10, where every hard-concrete sample is exactly 1), a mask
+like HAP's start (a random 40 % of the edges at 1, the rest at 0; HAP keeps EAP's top 40 %) and
+a mid-training mask (uniform values).
 The patched forward computes a block of senders once when every receiver reads it with the same
 mask value, so an all-ones mask is cheaper; HAP's steps never have one.
 
