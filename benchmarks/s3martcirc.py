@@ -22,7 +22,10 @@ gradient baselines (attribution patching, with and without IG) all come within 5
 are listed: there the ranking cannot tell them apart. A second table gives the
 logit-difference drop at every budget beside the full model's logit difference. The last lines
 check, per budget, that S3martCirc's drop is at least every gradient baseline's, in accuracy
-and in logit difference. `--combine` rebuilds the tables from the stored runs, so a file written
+and in logit difference, and then compare the rankings row by row: S3martCirc's drop minus each
+baseline's and the exact McNemar p of the rows only one of the two ablations breaks, so that a
+shortfall of a few rows is not read as a result (runs stored before the rows were kept skip
+this). `--combine` rebuilds the tables from the stored runs, so a file written
 before a column existed gains it.
 On the organism the defaults take about 8-10 minutes on one CPU core (exact patching is most of
 it). On SmolLM2 (46,350 nodes) exact patching of every node is out of reach on a CPU; the
@@ -36,7 +39,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import runs
 from condense.artifacts import read_output, write_json
-from condense.methods.s3martcirc.node_baselines import BASELINES
+from condense.methods.s3martcirc.node_baselines import BASELINES, paired_drop_difference
 
 NAMES = {"s3martcirc": "S3martCirc",
          "s3martcirc_coefficients": "S3martCirc, budgets in c_p + c_f order",
@@ -160,9 +163,45 @@ def budget_checks(rows, budgets, key="budgets"):
     return out
 
 
+def paired_checks(results, budgets):
+    """{task: {budget: {baseline: paired_drop_difference(S3martCirc, baseline)}}} for the
+    gradient and exact-patching baselines, from the rows each ablation still gets right (runs
+    stored before ablation_metrics kept them have none and are skipped). With 100 test rows
+    one row is one point, so a shortfall of a few points may be the rows' draw: the exact
+    McNemar p says whether the rows can tell the two rankings apart."""
+    out = {}
+    for task, m in results.items():
+        s3 = m.get("s3martcirc_budgets") or {}
+        per = {}
+        for b in budgets:
+            mine = s3.get(str(b), {}).get("correct_rows")
+            if mine is None:
+                continue
+            per[str(b)] = {g: paired_drop_difference(mine, rec["budgets"][str(b)]["correct_rows"])
+                           for g, rec in m["baselines"].items()
+                           if g in GRADIENT + EXACT and "correct_rows" in rec["budgets"].get(str(b), {})}
+        if per:
+            out[task] = per
+    return out
+
+
+def paired_summary(per, alpha=0.05):
+    """The budgets at which S3martCirc's drop is below some gradient baseline's by a margin
+    the rows can tell (p < alpha), below only within the rows' noise, or not below any."""
+    short, noise = [], []
+    for b, vs in per.items():
+        grad = [v for g, v in vs.items() if g in GRADIENT]
+        if any(v["difference"] < 0 and v["p"] < alpha for v in grad):
+            short.append(b)
+        elif any(v["difference"] < 0 for v in grad):
+            noise.append(b)
+    return dict(short=short, short_within_noise=noise,
+                not_short=[b for b in per if b not in short + noise])
+
+
 def report(rows, results):
     """Print the tables and the checks; return them as {'saturated', 'budget_checks',
-    'budget_checks_logit'} for the --json output."""
+    'budget_checks_logit', 'budget_checks_paired'} for the --json output."""
     budgets = sorted({int(b) for r in rows for b in r["budgets"]})
     print()
     print(table(rows, budgets))
@@ -170,7 +209,8 @@ def report(rows, results):
     print(logit_table(rows, results, budgets))
     checks = dict(saturated=saturated(rows, results, budgets),
                   budget_checks=budget_checks(rows, budgets),
-                  budget_checks_logit=budget_checks(rows, budgets, "logit_budgets"))
+                  budget_checks_logit=budget_checks(rows, budgets, "logit_budgets"),
+                  budget_checks_paired=paired_checks(results, budgets))
     for task, bs in checks["saturated"].items():
         m = results[task]
         print(f"{task}: full-model accuracy {m['s3martcirc']['accuracy_full']:.3f}, so the largest "
@@ -183,6 +223,18 @@ def report(rows, results):
         print(f"{task}: S3martCirc's logit drop >= every gradient baseline's, per budget: "
               f"{checks['budget_checks_logit'][task]} (full model's logit difference "
               f"{full_logit_diff(m):.2f}; every node ablated drops it by {m['ceiling']['logit_drop']:.2f})")
+    for task, per in checks["budget_checks_paired"].items():
+        n = next(iter(next(iter(per.values())).values()))["n"]
+        print(f"{task}: S3martCirc's accuracy drop minus each baseline's, row by row on the {n} "
+              f"test rows (points; exact McNemar p):")
+        for b, vs in per.items():
+            print(f"  @{b}: " + "; ".join(f"{NAMES.get(g, g)} {v['difference']:+.1f} (p {v['p']:.2g})"
+                                          for g, v in vs.items()))
+        summary = paired_summary(per)
+        print(f"{task}: budgets where S3martCirc is short of a gradient baseline by more than the "
+              f"rows' noise (p < 0.05): {', '.join(summary['short']) or 'none'}; short only within "
+              f"it: {', '.join(summary['short_within_noise']) or 'none'}; not short: "
+              f"{', '.join(summary['not_short']) or 'none'}")
     for task, m in results.items():
         holds = all(m["done_when"].values()) if m["done_when"] else None
         print(f"{task}: S3martCirc size {m['size']}, the run's done-when checks "

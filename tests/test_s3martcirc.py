@@ -360,6 +360,9 @@ def test_recipe_run_writes_roles_that_graph_reads_back(organism_rows, tmp_path):
     assert 0 <= saved["ceiling"]["accuracy_drop"] <= 100 * s3_full(saved)
     for rec_ in saved["baselines"].values():
         assert rec_["at_size"]["nodes"] == saved["size"] and set(rec_["budgets"]) == {"2", "8"}
+        for at in rec_["budgets"].values():  # the rows each ablation gets right make its accuracy
+            assert len(at["correct_rows"]) == 16 and at["correct_rows"].count("1") / 16 == \
+                pytest.approx(at["accuracy"])
         assert set(rec_["recovery"]) == {"2", "8"}   # organism names, a GPT-2 reference: 0 found
     s3 = saved["s3martcirc"]
     assert s3["accuracy_drop"] == pytest.approx(100 * (s3["accuracy_full"] - s3["accuracy"]))
@@ -446,6 +449,47 @@ def test_benchmark_reports_logit_drops_per_budget(s3martcirc_bench, tmp_path, ca
     s3martcirc_bench.main(["--combine", str(old), str(later), "--json", str(out)])
     s3 = [r for r in json.loads(out.read_text())["rows"] if r["method"] == "s3martcirc"]
     assert len(s3) == 1 and s3[0]["budgets"]["5"] == 99.0
+
+
+def test_paired_drop_difference_is_the_exact_mcnemar_test():
+    from condense.methods.s3martcirc.node_baselines import paired_drop_difference
+    d = paired_drop_difference("0001", "1111")  # three rows only A's ablation breaks
+    assert (d["a_only"], d["b_only"], d["n"]) == (3, 0, 4) and d["difference"] == 75.0
+    assert d["p"] == pytest.approx(2 / 8)  # both tails of Binomial(3, 1/2) at its ends
+    # 1 of 8 discordant rows the other way: 2 * P(X <= 1), X ~ Binomial(8, 1/2) = 2 * 9 / 256
+    d = paired_drop_difference("1" + "0" * 7 + "11", "0" + "1" * 7 + "11")
+    assert (d["a_only"], d["b_only"]) == (7, 1) and d["p"] == pytest.approx(18 / 256)
+    assert d["difference"] == pytest.approx(60.0)
+    assert paired_drop_difference("0101", "0101")["p"] == 1.0  # no discordant row
+    with pytest.raises(ValueError, match="4 and 3 rows"):
+        paired_drop_difference("0101", "010")
+
+
+def test_benchmark_compares_rankings_row_by_row(s3martcirc_bench, tmp_path, capsys):
+    """A shortfall of a few rows is within the rows' noise; one of many rows is not."""
+    run = _bench_run({"s3martcirc": [(60, 5.0), (70, 5.5)],
+                      "attribution_patching": [(62, 4.0), (90, 6.0)],
+                      "attribution_patching_ig": [(50, 5.5), (70, 5.0)]})
+    n = 100
+    rows = {"s3martcirc": ("0" * 60 + "1" * 40, "0" * 70 + "1" * 30),
+            "attribution_patching": ("0" * 62 + "1" * 38, "0" * 90 + "1" * 10),
+            "attribution_patching_ig": ("1" * 50 + "0" * 50, "0" * 70 + "1" * 30)}
+    run["s3martcirc_budgets"]["5"]["correct_rows"], run["s3martcirc_budgets"]["10"]["correct_rows"] = rows["s3martcirc"]
+    for m in ("attribution_patching", "attribution_patching_ig"):
+        for b, bits in zip(("5", "10"), rows[m]):
+            assert len(bits) == n
+            run["baselines"][m]["budgets"][b]["correct_rows"] = bits
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(dict(rows=[], runs={"ioi": run}, command="x")))
+    out = tmp_path / "pooled.json"
+    s3martcirc_bench.main(["--combine", str(path), "--json", str(out)])
+    paired = json.loads(out.read_text())["budget_checks_paired"]["ioi"]
+    assert paired["5"]["attribution_patching"]["difference"] == pytest.approx(-2.0)
+    assert paired["5"]["attribution_patching_ig"]["a_only"] == 50  # the same drop, other rows
+    assert paired["10"]["attribution_patching"]["p"] < 1e-5
+    printed = capsys.readouterr().out
+    assert ("short of a gradient baseline by more than the rows' noise (p < 0.05): 10; "
+            "short only within it: 5; not short: none") in printed
 
 
 def test_benchmark_combine_refuses_a_file_it_did_not_write(s3martcirc_bench, tmp_path, capsys):

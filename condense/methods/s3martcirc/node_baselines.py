@@ -170,18 +170,39 @@ def ablation_metrics(model, graph, rows, nodes, *, intervention="patching", batc
                      means=None, reference=None):
     """Ablate the nodes of `nodes` (everything else as in the model) on `rows`: accuracy,
     logit difference, and their drops from the full model (accuracy_drop in percentage
-    points, 100 * (acc_full - acc); logit_drop = LD_full - LD)."""
+    points, 100 * (acc_full - acc); logit_drop = LD_full - LD), and correct_rows: one
+    character per row, "1" where the answer still wins, so that two node sets can be compared
+    row by row (paired_drop_difference)."""
     g = graph.copy()
     g.reset(in_graph=True)
     g.head_mask = 1.0 - nodes.heads.float()
     g.neuron_mask = 1.0 - nodes.neurons.float()
     out = evaluate(model, g, rows, intervention=intervention, batch_size=batch_size, means=means,
-                   reference=reference)
+                   reference=reference, per_row=True)
+    correct = out["per_row"]["logit_diff"] > 0
     return dict(nodes=len(nodes), heads=nodes.n_heads, neurons=nodes.n_neurons,
                 accuracy=out["accuracy"], accuracy_full=out["accuracy_full"],
                 accuracy_drop=100.0 * (out["accuracy_full"] - out["accuracy"]),
                 logit_diff=out["logit_diff"], logit_diff_full=out["logit_diff_full"],
-                logit_drop=out["logit_diff_full"] - out["logit_diff"], kl=out["kl"])
+                logit_drop=out["logit_diff_full"] - out["logit_diff"], kl=out["kl"],
+                correct_rows="".join("1" if c else "0" for c in correct.tolist()))
+
+
+def paired_drop_difference(correct_a: str, correct_b: str) -> dict:
+    """How much more node set A's ablation drops accuracy than B's, on the same rows, and
+    whether the rows could give that by chance. correct_a, correct_b: ablation_metrics'
+    correct_rows of each. Returns difference (points, A's drop minus B's), a_only (rows that
+    only A's ablation breaks), b_only, n, and p: the exact two-sided McNemar test, a binomial
+    test of a_only against b_only at one half (the rows both or neither break say nothing
+    about which set matters more)."""
+    if len(correct_a) != len(correct_b):
+        raise ValueError(f"the two sets were evaluated on {len(correct_a)} and {len(correct_b)} rows")
+    a_only = sum(a == "0" and b == "1" for a, b in zip(correct_a, correct_b))
+    b_only = sum(a == "1" and b == "0" for a, b in zip(correct_a, correct_b))
+    k, m = min(a_only, b_only), a_only + b_only
+    p = min(1.0, 2 * sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m) if m else 1.0
+    n = len(correct_a)
+    return dict(difference=100.0 * (a_only - b_only) / n, a_only=a_only, b_only=b_only, n=n, p=p)
 
 
 def circuit_metrics(model, graph, rows, nodes, *, intervention="patching", batch_size=32,
