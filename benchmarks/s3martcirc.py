@@ -177,9 +177,11 @@ def paired_checks(results, budgets):
             mine = s3.get(str(b), {}).get("correct_rows")
             if mine is None:
                 continue
-            per[str(b)] = {g: paired_drop_difference(mine, rec["budgets"][str(b)]["correct_rows"])
-                           for g, rec in m["baselines"].items()
-                           if g in GRADIENT + EXACT and "correct_rows" in rec["budgets"].get(str(b), {})}
+            vs = {g: paired_drop_difference(mine, rec["budgets"][str(b)]["correct_rows"])
+                  for g, rec in m["baselines"].items()
+                  if g in GRADIENT + EXACT and "correct_rows" in rec["budgets"].get(str(b), {})}
+            if vs:  # e.g. a run with only the random baseline has nothing to compare
+                per[str(b)] = vs
         if per:
             out[task] = per
     return out

@@ -490,6 +490,13 @@ def test_benchmark_compares_rankings_row_by_row(s3martcirc_bench, tmp_path, caps
     printed = capsys.readouterr().out
     assert ("short of a gradient baseline by more than the rows' noise (p < 0.05): 10; "
             "short only within it: 5; not short: none") in printed
+    # a run whose only baseline is random has no ranking to compare row by row
+    del run["baselines"]["attribution_patching"], run["baselines"]["attribution_patching_ig"]
+    run["baselines"]["random"] = dict(at_size=run["s3martcirc"] | dict(nodes=10), seconds=0.0,
+                                      budgets={b: dict(v) for b, v in run["s3martcirc_budgets"].items()})
+    path.write_text(json.dumps(dict(rows=[], runs={"ioi": run}, command="x")))
+    s3martcirc_bench.main(["--combine", str(path), "--json", str(out)])
+    assert json.loads(out.read_text())["budget_checks_paired"] == {}
 
 
 def test_benchmark_combine_refuses_a_file_it_did_not_write(s3martcirc_bench, tmp_path, capsys):
