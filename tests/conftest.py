@@ -72,6 +72,17 @@ def smollm2():
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma-3-270M from its four-part wheel (joined and converted once into the condense
+    cache), or a skip naming the install line when it is not installed (CI installs it)."""
+    from condense.models import MissingModelError, load_model
+    try:
+        return load_model("gemma3-270m")
+    except MissingModelError as e:
+        pytest.skip(str(e))
+
+
 def _benchmark(name: str):
     """benchmarks/<name>.py as a module (benchmarks are scripts, not a package)."""
     import importlib.util

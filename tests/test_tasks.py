@@ -275,3 +275,37 @@ def test_heal_objective_adapters(heal_objective, capsys):
         with pytest.raises(SystemExit):
             heal_objective.main(["--heal-seeds", bad])
         assert message in capsys.readouterr().err
+
+
+class _WithBos:
+    """The organism's tokenizer, but putting a BOS token before every text by default, as
+    Gemma's and Llama 3's tokenizers do."""
+
+    def __init__(self, tokenizer, bos=0):
+        self._t, self.bos_token_id = tokenizer, bos
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def __len__(self):
+        return len(self._t)
+
+    def encode(self, text, add_special_tokens=True):
+        ids = self._t.encode(text, add_special_tokens=False)
+        return [self.bos_token_id] + ids if add_special_tokens else ids
+
+
+def test_prompts_start_as_the_tokenizer_starts_a_text(organism_tokenizer):
+    # a model trained with BOS in front of every sequence sees it in front of every prompt and
+    # general-text block; tokenizers that add nothing (the organism's, SmolLM2's) keep their rows
+    with_bos = _WithBos(organism_tokenizer)
+    assert tasks.prompt_prefix(organism_tokenizer) == []
+    assert tasks.prompt_prefix(with_bos) == [0]
+    plain = tasks.load_task("ioi", organism_tokenizer, "val", n=8)
+    rows = tasks.load_task("ioi", with_bos, "val", n=8)
+    assert rows["clean_ids"] == [[0] + ids for ids in plain["clean_ids"]]
+    assert rows["corrupted_ids"] == [[0] + ids for ids in plain["corrupted_ids"]]
+    assert rows["answer_id"] == plain["answer_id"]
+    blocks = tasks.general_text(with_bos, "test", block_size=32)["input_ids"]
+    assert all(len(b) == 32 and b[0] == 0 for b in blocks)
+    assert blocks[1][1:] == tasks.general_text(organism_tokenizer, "test", block_size=31)["input_ids"][1]

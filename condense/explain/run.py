@@ -341,9 +341,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
             sources += ["general"] * min(n_general, len(gen))
         pool = (seqs, sources)
     neutral = tok.encode(neutral_text, add_special_tokens=False)
-    with_special = tok.encode("a")
-    prefix = ([tok.bos_token_id] if tok.bos_token_id is not None and with_special
-              and with_special[0] == tok.bos_token_id else [])
+    prefix = tasks.prompt_prefix(tok)
     lcfg = LensConfig(z=z, z_inherit=z_inherit, seed=seed)
     ccfg = CircuitLensConfig(n_contexts=n_contexts, seed=seed)
     nodes = explain_circuit(net, graph, decode=decode, neutral_ids=neutral, prefix_ids=prefix,

