@@ -112,8 +112,11 @@ def _assembled_gguf(name, entry):
     target = os.path.join(tempfile.mkdtemp(dir=parts), entry.gguf_file)
     try:
         return str(getattr(importlib.import_module(module), function)(target))
-    except (ImportError, FileNotFoundError) as e:  # a part package missing
-        raise missing from e
+    except BaseException as e:
+        shutil.rmtree(os.path.dirname(target), ignore_errors=True)
+        if isinstance(e, (ImportError, FileNotFoundError)):  # a part package missing
+            raise missing from e
+        raise
 
 
 def _gguf_key(path):
