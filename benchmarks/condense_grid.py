@@ -3,7 +3,7 @@ seed, against EAP-IG's smallest faithful circuit, and the verifier on every smal
 
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py [--tasks ioi,agreement,induction,docstring]
         [--seeds 0] [--variants c1,c0,heal_only] [--out runs/condense_grid] [--max-verify 20]
-        [--keep] [--json PATH] [--plot PNG] [key=value ...]
+        [--keep] [--json PATH] [--plot PNG] [--model gemma3-270m] [key=value ...]
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py --combine A.json B.json [--json PATH] [--plot PNG]
 
 Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
@@ -17,7 +17,10 @@ checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py)
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
 7.4x: over task-seed rows and, when tasks have unequal seeds, with each task weighed once.
 `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
-checkpoints/condense_smollm2_<task>/ (seed 0 only). `--combine` pools the rows of earlier
+checkpoints/condense_smollm2_<task>/ (seed 0 only). `--model NAME` runs the same recipes on
+another model (adding `model=NAME` to every run) against checkpoints/eap_ig_<tag>_<task>/ and
+keeps into checkpoints/condense_<tag>_<task>/ (tag: `condense.models.model_tag`, e.g. gemma3).
+`--combine` pools the rows of earlier
 `--json` outputs (for example seeds run on different days; a later file's row replaces an
 earlier one of the same task and seed) and prints the table and the means over all of them,
 running nothing. `--plot` draws every row's circuit sizes (EAP-IG, heal-only, C0, C1) on a
@@ -50,6 +53,20 @@ KEEP = ("adapter_config.json", "adapter_model.safetensors", "circuit.json", "cir
 
 def _env():
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled")
+
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def model_args(model):
+    """The override that puts the SmolLM2 recipes on `model` (none for SmolLM2 itself, so that
+    the grid's earlier commands and runs stay as they were)."""
+    return [] if model == DEFAULT_MODEL else [f"model={model}"]
+
+
+def tag_of(model):
+    from condense.models import model_tag
+    return model_tag(model)
 
 
 def run_one(out, variant, task, seed, extra):
@@ -94,9 +111,9 @@ def _load(path):
         return json.load(f)
 
 
-def row_of(out, task, seed, max_verify):
+def row_of(out, task, seed, max_verify, model=DEFAULT_MODEL):
     runs = {v: _load(os.path.join(out, f"{v}_{task}_s{seed}", "metrics.json")) for v in VARIANTS}
-    eap_ig = _load(os.path.join(ROOT, "checkpoints", f"eap_ig_smollm2_{task}", "metrics.json"))
+    eap_ig = _load(os.path.join(ROOT, "checkpoints", f"eap_ig_{tag_of(model)}_{task}", "metrics.json"))
     c1 = runs["c1"]
     row = dict(task=task, seed=seed, eap_ig_edges=eap_ig["edges"] if eap_ig else None,
                **{f"{v}_edges": (m["edges"] if m else None) for v, m in runs.items()})
@@ -258,6 +275,8 @@ def main(argv=None):
     ap.add_argument("--plot", metavar="PNG", help="draw every row's circuit sizes into this picture")
     ap.add_argument("--combine", nargs="+", metavar="JSON",
                     help="pool the rows of earlier --json outputs and print their table (no runs)")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="run the SmolLM2 recipes on this model instead (model=NAME on every run)")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
@@ -276,12 +295,12 @@ def main(argv=None):
     for seed in seeds:
         for task in tasks:
             for variant in [v for v in args.variants.split(",") if v]:
-                run_one(args.out, variant, task, seed, args.extra)
-    rows = [row_of(args.out, t, s, args.max_verify) for s in seeds for t in tasks]
+                run_one(args.out, variant, task, seed, model_args(args.model) + args.extra)
+    rows = [row_of(args.out, t, s, args.max_verify, args.model) for s in seeds for t in tasks]
     if args.keep:
         for r in rows:
             src = os.path.join(args.out, f"c1_{r['task']}_s0")
-            dst = os.path.join(ROOT, "checkpoints", f"condense_smollm2_{r['task']}")
+            dst = os.path.join(ROOT, "checkpoints", f"condense_{tag_of(args.model)}_{r['task']}")
             # a grid folder may be a link to the shipped run itself: nothing to copy
             if (r["seed"] == 0 and os.path.exists(os.path.join(src, "metrics.json"))
                     and not (os.path.exists(dst) and os.path.samefile(src, dst))):
