@@ -279,6 +279,12 @@ def main(argv=None):
                     help="run the SmolLM2 recipes on this model instead (model=NAME on every run)")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
+    if args.model != DEFAULT_MODEL and not args.combine:  # before hours of runs, not after
+        from condense.models import model_config
+        try:
+            model_config(args.model)
+        except OSError as e:
+            ap.error(f"--model {args.model}: {e} (named offline models: smollm2-135m, gemma3-270m)")
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before hours of runs, not after
     tasks = [t for t in args.tasks.split(",") if t]

@@ -2,6 +2,8 @@
 overridden, against that model's own EAP-IG baseline."""
 import json
 
+import pytest
+
 
 def _write(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,3 +22,11 @@ def test_grid_on_another_model_reads_its_own_baseline(condense_grid, tmp_path, m
     assert condense_grid.row_of(str(tmp_path / "grid"), "ioi", 0, 0)["eap_ig_edges"] == 7451
     assert condense_grid.model_args("smollm2-135m") == []
     assert condense_grid.model_args("gemma3-270m") == ["model=gemma3-270m"]
+
+
+def test_grid_refuses_an_unknown_model_before_running(condense_grid, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(condense_grid, "run_one", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+    with pytest.raises(SystemExit) as e:
+        condense_grid.main(["--model", "no-such-model", "--tasks", "ioi", "--out", str(tmp_path)])
+    assert e.value.code == 2
