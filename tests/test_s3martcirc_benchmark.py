@@ -107,3 +107,21 @@ def test_benchmark_plot_draws_both_drops_and_refuses_a_missing_folder(s3martcirc
     with pytest.raises(SystemExit) as e:  # refused before anything runs
         s3martcirc_bench.main(["--combine", str(pooled), "--plot", str(tmp_path / "no" / "b.png")])
     assert e.value.code == 2
+
+
+def test_every_model_has_its_recipes_and_real_models_skip_exact_patching_of_every_node(s3martcirc_bench):
+    """--model picks recipes/s3martcirc/<model>_<task>.yaml; a real model must not default to
+    exact patching of every node (about 16,000 s on Gemma-3-270M on one CPU thread)."""
+    import os
+    from condense import runs
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    named = {"organism": "checkpoints/organism", "smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
+    assert set(s3martcirc_bench.MODELS) == set(named)
+    for model in s3martcirc_bench.MODELS:
+        for task in ("ioi", "acronym"):
+            cfg = runs.load_config(os.path.join(root, "recipes", "s3martcirc", f"{model}_{task}.yaml"))
+            assert (cfg.model, cfg.task, cfg.method) == (named[model], task, "s3martcirc")
+        chosen = s3martcirc_bench.default_baselines(model)
+        real = model != "organism"
+        assert ("exact_patching" in chosen, "exact_patching_heads" in chosen) == (not real, real)
+        assert {"attribution_patching", "attribution_patching_ig", "random"} <= set(chosen)
