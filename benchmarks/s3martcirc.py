@@ -54,7 +54,7 @@ MODELS = ("organism", "smollm2", "gemma3")
 
 
 def default_baselines(model: str) -> list[str]:
-    """Every baseline; exact patching of every node only on the organism (479 nodes); on a real
+    """Every baseline; exact patching of every node only on the organism (2,064 nodes); on a real
     model (tens of thousands of nodes, hours on a CPU) the heads only, its time extrapolated."""
     skip = "exact_patching_heads" if model == "organism" else "exact_patching"
     return [b for b in BASELINES if b != skip]
