@@ -284,7 +284,7 @@ def main(argv=None):
         try:
             model_config(args.model)
         except OSError as e:
-            ap.error(f"--model {args.model}: {e} (named offline models: smollm2-135m, gemma3-270m)")
+            ap.error(f"--model {args.model}: {e}")  # the error lists the named offline models
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before hours of runs, not after
     tasks = [t for t in args.tasks.split(",") if t]

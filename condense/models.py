@@ -238,9 +238,7 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as e:
-        where = ("no such local folder, and the hub is offline (HF_HUB_OFFLINE=1)"
-                 if _offline() and not os.path.isdir(folder) else str(e).splitlines()[0])
-        raise OSError(f"cannot load model {name_or_path!r}: {where}") from e
+        raise _load_error("model", name_or_path, folder, e) from e
     if device is not None and not quantization:
         model = model.to(device)
     if quantization:
@@ -250,13 +248,24 @@ def load_model(name_or_path: str, dtype=None, device=None, quantization=None):
     return model.eval()
 
 
+def _load_error(what: str, name_or_path: str, folder: str, e: OSError) -> OSError:
+    """A failed `from_pretrained` in one line; a name that is no folder also lists the named
+    offline models (a misspelt name is the usual cause)."""
+    if os.path.isdir(folder):
+        return OSError(f"cannot load {what} {name_or_path!r}: {str(e).splitlines()[0]}")
+    where = ("no such local folder, and the hub is offline (HF_HUB_OFFLINE=1)" if _offline()
+             else str(e).splitlines()[0])
+    return OSError(f"cannot load {what} {name_or_path!r}: {where}; named offline models: "
+                   f"{', '.join(NAMED_MODELS)}")
+
+
 def _from_folder(auto_class, name_or_path: str, what: str):
     """`auto_class.from_pretrained` on the folder of `name_or_path`; a failure in one line."""
     folder = model_folder(name_or_path)  # its own errors (a missing wheel) pass through as they are
     try:
         return auto_class.from_pretrained(folder)
     except OSError as e:
-        raise OSError(f"cannot load {what} {name_or_path!r}: {str(e).splitlines()[0]}") from e
+        raise _load_error(what, name_or_path, folder, e) from e
 
 
 def load_tokenizer(name_or_path: str):
