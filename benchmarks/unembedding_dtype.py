@@ -6,9 +6,12 @@ run in float32 here (docs/condensation.md, results on Gemma-3-270M).
     python benchmarks/unembedding_dtype.py [--tokens 128] [--threads 1] [--json PATH]
 """
 import argparse
+import sys
 import time
 
 import torch
+
+from condense.artifacts import write_json
 
 SHAPES = {"smollm2-135m": (49_152, 576), "gemma3-270m": (262_144, 640)}
 
@@ -41,10 +44,10 @@ def main(argv=None):
             print(f"{model} ({vocab} x {width}) {name}: forward {forward:.2f} s, "
                   f"backward {backward:.2f} s", flush=True)
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/unembedding_dtype.py " + " ".join(
-            argv if argv is not None else __import__("sys").argv[1:]), tokens=args.tokens,
-            threads=args.threads, torch=torch.__version__, rows=rows))
+        words = sys.argv[1:] if argv is None else argv
+        write_json(args.json, dict(command=" ".join(["python benchmarks/unembedding_dtype.py", *words]),
+                                   tokens=args.tokens, threads=args.threads,
+                                   torch=torch.__version__, rows=rows))
 
 
 if __name__ == "__main__":
