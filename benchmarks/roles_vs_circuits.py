@@ -19,6 +19,7 @@ share. Reads files only, plus the model's shape (no forward pass): seconds.
 import argparse
 import json
 import os
+import shlex
 import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -110,7 +111,7 @@ def main(argv=None):
             json.dump(dict(roles_file=args.roles, circuits=named, n_heads=n_heads, table=table,
                            overlap=overlap, shared=shared,
                            kept={n: sorted(v) for n, v in kept.items()},
-                           command=" ".join(["python", "benchmarks/roles_vs_circuits.py"] + sys.argv[1:])),
+                           command=shlex.join(["python", "benchmarks/roles_vs_circuits.py"] + sys.argv[1:])),
                       f, indent=1)
 
 
