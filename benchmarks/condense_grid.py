@@ -18,8 +18,10 @@ ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper
 7.4x: over task-seed rows and, when tasks have unequal seeds, with each task weighed once.
 `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
 checkpoints/condense_smollm2_<task>/ (seed 0 only). `--model NAME` runs the same recipes on
-another model (adding `model=NAME` to every run) against checkpoints/eap_ig_<tag>_<task>/ and
-keeps into checkpoints/condense_<tag>_<task>/ (tag: `condense.models.model_tag`, e.g. gemma3).
+another model against checkpoints/eap_ig_<tag>_<task>/ and keeps into
+checkpoints/condense_<tag>_<task>/ (tag: `condense.models.model_tag`, e.g. gemma3): with the
+model's own recipe recipes/condense/<tag>_<task>.yaml where one is shipped, otherwise with the
+SmolLM2 recipe and `model=NAME` added to every run.
 `--combine` pools the rows of earlier
 `--json` outputs (for example seeds run on different days; a later file's row replaces an
 earlier one of the same task and seed) and prints the table and the means over all of them,
@@ -58,10 +60,15 @@ def _env():
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def model_args(model):
-    """The override that puts the SmolLM2 recipes on `model` (none for SmolLM2 itself, so that
-    the grid's earlier commands and runs stay as they were)."""
-    return [] if model == DEFAULT_MODEL else [f"model={model}"]
+def recipe_of(task, model):
+    """The recipe a run of `task` on `model` starts from, and the override that puts it on the
+    model: the model's own recipe where one is shipped (no override), else SmolLM2's with
+    `model=NAME` (none for SmolLM2 itself, so that the grid's earlier commands stay as they were)."""
+    own = os.path.join(ROOT, "recipes", "condense", f"{tag_of(model)}_{task}.yaml")
+    if os.path.exists(own):
+        return own, []
+    smollm2 = os.path.join(ROOT, "recipes", "condense", f"smollm2_{task}.yaml")
+    return smollm2, [] if model == DEFAULT_MODEL else [f"model={model}"]
 
 
 def tag_of(model):
@@ -69,14 +76,14 @@ def tag_of(model):
     return model_tag(model)
 
 
-def run_one(out, variant, task, seed, extra):
+def run_one(out, variant, task, seed, extra, model=DEFAULT_MODEL):
     folder = os.path.join(out, f"{variant}_{task}_s{seed}")
     if os.path.exists(os.path.join(folder, "metrics.json")):
         return folder
     os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, "-m", "condense.cli", "run", "--recipe",
-           os.path.join(ROOT, "recipes", "condense", f"smollm2_{task}.yaml"), f"seed={seed}",
-           *VARIANTS[variant], *extra, f"output_dir={folder}"]
+    recipe, model_keys = recipe_of(task, model)
+    cmd = [sys.executable, "-m", "condense.cli", "run", "--recipe", recipe, f"seed={seed}",
+           *VARIANTS[variant], *model_keys, *extra, f"output_dir={folder}"]
     start = time.time()
     with open(folder + ".log", "a") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT).returncode
@@ -276,7 +283,8 @@ def main(argv=None):
     ap.add_argument("--combine", nargs="+", metavar="JSON",
                     help="pool the rows of earlier --json outputs and print their table (no runs)")
     ap.add_argument("--model", default=DEFAULT_MODEL,
-                    help="run the SmolLM2 recipes on this model instead (model=NAME on every run)")
+                    help="run on this model instead: its own recipes/condense/<tag>_<task>.yaml where "
+                         "shipped, else the SmolLM2 recipe with model=NAME")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
     if args.model != DEFAULT_MODEL and not args.combine:  # before hours of runs, not after
@@ -301,7 +309,7 @@ def main(argv=None):
     for seed in seeds:
         for task in tasks:
             for variant in [v for v in args.variants.split(",") if v]:
-                run_one(args.out, variant, task, seed, model_args(args.model) + args.extra)
+                run_one(args.out, variant, task, seed, args.extra, args.model)
     rows = [row_of(args.out, t, s, args.max_verify, args.model) for s in seeds for t in tasks]
     if args.keep:
         for r in rows:

@@ -1,8 +1,12 @@
 """benchmarks/condense_grid.py on a model other than SmolLM2: the same recipes with the model
 overridden, against that model's own EAP-IG baseline."""
+import dataclasses
 import json
+import os
 
 import pytest
+
+from condense.runs import load_config
 
 
 def _write(path, data):
@@ -20,8 +24,6 @@ def test_grid_on_another_model_reads_its_own_baseline(condense_grid, tmp_path, m
     gemma = condense_grid.row_of(str(tmp_path / "grid"), "ioi", 0, 0, "gemma3-270m")
     assert gemma["eap_ig_edges"] == 30 and gemma["eap_ig_over_c1"] == 6
     assert condense_grid.row_of(str(tmp_path / "grid"), "ioi", 0, 0)["eap_ig_edges"] == 7451
-    assert condense_grid.model_args("smollm2-135m") == []
-    assert condense_grid.model_args("gemma3-270m") == ["model=gemma3-270m"]
 
 
 def test_grid_refuses_an_unknown_model_before_running(condense_grid, tmp_path, monkeypatch):
@@ -30,3 +32,28 @@ def test_grid_refuses_an_unknown_model_before_running(condense_grid, tmp_path, m
     with pytest.raises(SystemExit) as e:
         condense_grid.main(["--model", "no-such-model", "--tasks", "ioi", "--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_a_model_with_its_own_recipe_runs_it_and_others_override_smollm2s(condense_grid):
+    recipe, keys = condense_grid.recipe_of("ioi", "smollm2-135m")
+    assert recipe.endswith("smollm2_ioi.yaml") and keys == []
+    recipe, keys = condense_grid.recipe_of("ioi", "gemma3-270m")
+    assert recipe.endswith("gemma3_ioi.yaml") and keys == []
+    recipe, keys = condense_grid.recipe_of("agreement", "gemma3-270m")  # no Gemma recipe shipped
+    assert recipe.endswith("smollm2_agreement.yaml") and keys == ["model=gemma3-270m"]
+
+
+def test_gemma_recipes_are_smollm2s_with_the_model_and_heal_dtype_changed(condense_grid):
+    # the Gemma IOI grid ran as the SmolLM2 recipe with model=gemma3-270m heal_dtype=null; the
+    # Gemma recipes must stay exactly those runs
+    folder = os.path.join(condense_grid.ROOT, "recipes", "condense")
+    gemma = sorted(n for n in os.listdir(folder) if n.startswith("gemma3_"))
+    assert {"gemma3_ioi.yaml", "gemma3_docstring.yaml", "gemma3_induction.yaml"} <= set(gemma)
+    for name in gemma:
+        ours = dataclasses.asdict(load_config(os.path.join(folder, name)))
+        theirs = dataclasses.asdict(load_config(os.path.join(folder, name.replace("gemma3_", "smollm2_"))))
+        assert (ours.pop("model"), theirs.pop("model")) == ("gemma3-270m", "smollm2-135m")
+        assert ours.pop("heal_dtype") is None
+        theirs.pop("heal_dtype")
+        assert ours.pop("output_dir") == theirs.pop("output_dir").replace("smollm2", "gemma3")
+        assert ours == theirs, name
