@@ -3,7 +3,7 @@ condense runs, then one table of smallest faithful circuits, CPR/CMD and ranking
 
     HF_HUB_OFFLINE=1 python benchmarks/smollm2_baselines.py [--out runs/smollm2_baselines]
         [--jobs 2] [--only eap_ig] [--tasks docstring] [--row-check 128,256] [--json PATH]
-        [--keep-circuits]
+        [--keep-circuits] [--model gemma3-270m]
 
 Each run is `python condense/train.py --recipe <recipe> output_dir=<out>/<method>_<task>` in its
 own process (`--jobs` at a time, `--threads` torch threads each, default one); a run whose metrics.json exists is
@@ -12,6 +12,9 @@ train and val rows (`--row-check 128,256`: `n_train=n_val=128`, then 256) and co
 smallest faithful sizes of each doubling.
 `--keep-circuits` copies each EAP-IG run's circuit (gzipped MIB JSON), metrics.json and curve
 into `checkpoints/eap_ig_smollm2_<task>/`, where condensation runs compare against them.
+`--model NAME` runs the same recipes with `model=NAME` added (default output folder
+runs/<tag>_baselines) and keeps into `checkpoints/eap_ig_<tag>_<task>/` (tag:
+`condense.models.model_tag`, e.g. gemma3), where `benchmarks/condense_grid.py --model NAME` reads them.
 Ranking time is wall time of one process beside the other jobs: read it as a ratio to EAP's
 on the same task.
 """
@@ -30,6 +33,7 @@ from condense.methods.scoring import ATTRIBUTION_METHOD
 from condense_grid import keep_recipe  # the kept recipe names its checkpoint folder
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+DEFAULT_MODEL = "smollm2-135m"
 TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
 
 
@@ -52,7 +56,13 @@ def run_name(method, task, overrides):
     return f"{method}_{task}" + (f"_rows{rows[0]}" if rows else "")
 
 
-def run_one(job, out, threads=1):
+def model_keys(model):
+    """The override that puts a SmolLM2 recipe on `model` (none for SmolLM2 itself, so that the
+    earlier commands and run folders stay as they were)."""
+    return [] if model == DEFAULT_MODEL else [f"model={model}"]
+
+
+def run_one(job, out, threads=1, model=DEFAULT_MODEL):
     method, task, recipe, overrides = job
     name = run_name(method, task, overrides)
     folder = os.path.join(out, name)
@@ -60,7 +70,7 @@ def run_one(job, out, threads=1):
         return name, folder, "done before"
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, os.path.join(ROOT, "condense", "train.py"), "--recipe", recipe,
-           f"output_dir={folder}", f"threads={threads}", *overrides]
+           f"output_dir={folder}", f"threads={threads}", *model_keys(model), *overrides]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
                OMP_NUM_THREADS=str(threads))
     start = time.time()
@@ -140,13 +150,13 @@ def markdown(rows):
     return "\n".join(lines)
 
 
-def keep_circuits(rows, out):
-    """EAP-IG circuits into checkpoints/eap_ig_smollm2_<task>/ (gzipped JSON, metrics, curve)."""
+def keep_circuits(rows, out, tag="smollm2"):
+    """EAP-IG circuits into checkpoints/eap_ig_<tag>_<task>/ (gzipped JSON, metrics, curve)."""
     for r in rows:
         if r["method"] != "eap_ig" or r["overrides"]:
             continue
         src = os.path.join(out, r["run"])
-        dst = os.path.join(ROOT, "checkpoints", f"eap_ig_smollm2_{r['task']}")
+        dst = os.path.join(ROOT, "checkpoints", f"eap_ig_{tag}_{r['task']}")
         os.makedirs(dst, exist_ok=True)
         with open(os.path.join(src, "circuit.json"), "rb") as f, \
                 gzip.open(os.path.join(dst, "circuit.json.gz"), "wb") as g:
@@ -158,7 +168,8 @@ def keep_circuits(rows, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "smollm2_baselines"))
+    ap.add_argument("--out", help="run folders (default: runs/<tag>_baselines, e.g. "
+                                  "runs/smollm2_baselines)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (--jobs 1 "
                     "--threads 2: each run alone on a 2-core machine)")
@@ -170,7 +181,9 @@ def main(argv=None):
                          "compared with the run of half as many rows ('' skips the check)")
     ap.add_argument("--no-double", action="store_true", help="the same as --row-check ''")
     ap.add_argument("--keep-circuits", action="store_true",
-                    help="copy the EAP-IG circuits into checkpoints/eap_ig_smollm2_<task>/")
+                    help="copy the EAP-IG circuits into checkpoints/eap_ig_<tag>_<task>/")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="run the SmolLM2 recipes on this model instead (model=NAME added)")
     ap.add_argument("--json", help="also write the table's rows here")
     args = ap.parse_args(argv)
     only = [m for m in args.only.split(",") if m]
@@ -180,6 +193,14 @@ def main(argv=None):
     unknown = sorted(set(tasks) - set(TASK_ORDER))
     if unknown:
         ap.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASK_ORDER)}")
+    from condense.models import model_config, model_tag
+    if args.model != DEFAULT_MODEL:  # before hours of runs, not after
+        try:
+            model_config(args.model)
+        except OSError as e:
+            ap.error(f"--model {args.model}: {e}")  # the error lists the named offline models
+    tag = model_tag(args.model)
+    args.out = args.out or os.path.join(ROOT, "runs", f"{tag}_baselines")
     jobs = recipes(only, tasks)
     counts = [] if args.no_double else args.row_check
     if (not only or "eap_ig" in only) and (not tasks or "ioi" in tasks):
@@ -191,7 +212,7 @@ def main(argv=None):
     jobs.sort(key=lambda j: (-weight.get(j[0], 1), -len(j[3])))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda j: run_one(j, args.out, args.threads), jobs))
+        list(pool.map(lambda j: run_one(j, args.out, args.threads, args.model), jobs))
     rows = summary(args.out, jobs)
     check = row_check(rows)
     print(markdown(rows))
@@ -199,7 +220,7 @@ def main(argv=None):
         print(f"\nEAP-IG IOI, rows {c['rows']} -> {c['rows_doubled']}: {c['edges']} -> "
               f"{c['edges_doubled']} edges ({100 * c['relative_change']:+.1f} %)")
     if args.keep_circuits:
-        keep_circuits(rows, args.out)
+        keep_circuits(rows, args.out, tag)
     if args.json:
         from condense.artifacts import write_json
         write_json(args.json, dict(command="python benchmarks/smollm2_baselines.py "
