@@ -1,7 +1,7 @@
 """benchmarks/smollm2_baselines.py on a model other than SmolLM2: the same recipes with the model
 overridden, kept where benchmarks/condense_grid.py --model reads them."""
-import json
 import importlib.util
+import json
 import os
 
 import pytest
