@@ -68,7 +68,24 @@ def recipe_of(task, model):
     if os.path.exists(own):
         return own, []
     smollm2 = os.path.join(ROOT, "recipes", "condense", f"smollm2_{task}.yaml")
-    return smollm2, [] if model == DEFAULT_MODEL else [f"model={model}"]
+    return smollm2, model_keys(model)
+
+
+def model_keys(model):
+    """The override that puts a SmolLM2 recipe on `model` (none for SmolLM2 itself, so that
+    earlier commands and run folders stay as they were)."""
+    return [] if model == DEFAULT_MODEL else [f"model={model}"]
+
+
+def check_model(ap, model):
+    """Exit 2 naming the offline models unless `model` loads: before hours of runs, not after."""
+    if model == DEFAULT_MODEL:
+        return
+    from condense.models import model_config
+    try:
+        model_config(model)
+    except OSError as e:
+        ap.error(f"--model {model}: {e}")  # the error lists the named offline models
 
 
 def tag_of(model):
@@ -287,12 +304,8 @@ def main(argv=None):
                          "shipped, else the SmolLM2 recipe with model=NAME")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL and not args.combine:  # before hours of runs, not after
-        from condense.models import model_config
-        try:
-            model_config(args.model)
-        except OSError as e:
-            ap.error(f"--model {args.model}: {e}")  # the error lists the named offline models
+    if not args.combine:
+        check_model(ap, args.model)
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before hours of runs, not after
     tasks = [t for t in args.tasks.split(",") if t]

@@ -30,10 +30,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from condense.methods.scoring import ATTRIBUTION_METHOD
-from condense_grid import keep_recipe  # the kept recipe names its checkpoint folder
+# the kept recipe names its checkpoint folder; a model is put on and checked as the grid does
+from condense_grid import DEFAULT_MODEL, check_model, keep_recipe, model_keys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-DEFAULT_MODEL = "smollm2-135m"
 TASK_ORDER = ("ioi", "induction", "agreement", "docstring", "acronym", "greater_than")
 
 
@@ -54,12 +54,6 @@ def run_name(method, task, overrides):
     """The run folder's name: a row-check run is named by its row count."""
     rows = [o.split("=")[1] for o in overrides if o.startswith("n_train=")]
     return f"{method}_{task}" + (f"_rows{rows[0]}" if rows else "")
-
-
-def model_keys(model):
-    """The override that puts a SmolLM2 recipe on `model` (none for SmolLM2 itself, so that the
-    earlier commands and run folders stay as they were)."""
-    return [] if model == DEFAULT_MODEL else [f"model={model}"]
 
 
 def run_one(job, out, threads=1, model=DEFAULT_MODEL):
@@ -193,12 +187,8 @@ def main(argv=None):
     unknown = sorted(set(tasks) - set(TASK_ORDER))
     if unknown:
         ap.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASK_ORDER)}")
-    from condense.models import model_config, model_tag
-    if args.model != DEFAULT_MODEL:  # before hours of runs, not after
-        try:
-            model_config(args.model)
-        except OSError as e:
-            ap.error(f"--model {args.model}: {e}")  # the error lists the named offline models
+    check_model(ap, args.model)
+    from condense.models import model_tag
     tag = model_tag(args.model)
     args.out = args.out or os.path.join(ROOT, "runs", f"{tag}_baselines")
     jobs = recipes(only, tasks)
