@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from condense.artifacts import read_output
+from condense.artifacts import command_line, read_output
 from condense.verify.verdict import irreducibility_words
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -311,7 +311,7 @@ def main(argv=None):
     tasks = [t for t in args.tasks.split(",") if t]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     start = time.time()
-    command = "python benchmarks/condense_grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("benchmarks/condense_grid.py", argv)
     if args.combine:
         try:
             rows = combine(args.combine)

@@ -91,12 +91,13 @@ def main(argv=None):
             eap_ig_over_eap_cpu=med["eap_ig_inputs"]["cpu"] / med["eap"]["cpu"],
             peak_mib=statistics.median(p["peak_mib"] for p in procs), malloc=procs[0]["malloc"])
     kept, default = (summary[n] for n in SETTINGS)
+    from condense.artifacts import command_line
     out = dict(model=args.model, task=args.task, batch=args.batch, calls=args.calls,
                repeats=args.repeats, threads=args.threads, summary=summary,
                eap_ig_cpu_default_over_kept=default["cpu_seconds"]["eap_ig_inputs"]
                / kept["cpu_seconds"]["eap_ig_inputs"],
                runs=runs, wall_seconds=time.time() - start,
-               command="python benchmarks/freed_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+               command=command_line("benchmarks/freed_memory.py", argv))
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.json:
         from condense.artifacts import write_json

@@ -39,7 +39,6 @@ Also listed: the heads in HAP's circuit that EAP's top-n circuit drops (the HAP 
 import argparse
 import dataclasses
 import os
-import sys
 import time
 
 import torch
@@ -48,7 +47,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import tasks
 from condense.attribute import attribute
-from condense.artifacts import read_json, read_output, write_json
+from condense.artifacts import command_line, read_json, read_output, write_json
 from condense.methods.edge_pruning import HAPConfig, search
 from condense.methods.edge_pruning.search import candidate_count, hap_schedule
 from condense.evaluate import evaluate, reference_outputs
@@ -268,7 +267,7 @@ def main():
                     help="run nothing: pool the results of earlier --json files (e.g. seeds run "
                          "as separate processes) and print the ratios over all their seeds")
     args = ap.parse_args()
-    command = " ".join(["python", "benchmarks/hap_vs_ep.py"] + sys.argv[1:])
+    command = command_line("benchmarks/hap_vs_ep.py")
     if args.combine:
         pooled = []
         for path in args.combine:

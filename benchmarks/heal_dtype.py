@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
@@ -45,6 +44,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     from condense import tasks
+    from condense.artifacts import command_line
     from condense.graph import Graph
     from condense.methods.condensation import healing
     from condense.models import load_model, load_tokenizer
@@ -53,7 +53,7 @@ def main(argv=None):
     tok = load_tokenizer(args.model)
     model = load_model(args.model)
     blocks = list(tasks.general_text(tok, "train")["input_ids"])
-    results = dict(command="python benchmarks/heal_dtype.py " + " ".join(argv or sys.argv[1:]),
+    results = dict(command=command_line("benchmarks/heal_dtype.py", argv),
                    model=args.model, threads=args.threads, steps=args.steps, repeats=args.repeats,
                    cases=[])
     for task in args.tasks.split(","):

@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import itertools
 import os
-import sys
 import time
 
 import torch
@@ -173,7 +172,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     from condense import tasks
-    from condense.artifacts import write_json
+    from condense.artifacts import command_line, write_json
     from condense.evaluate import reference_outputs
     from condense.graph import Graph
     from condense.methods.condensation import healing
@@ -201,8 +200,7 @@ def main(argv=None):
     val_blocks = list(tasks.general_text(tok, "val")["input_ids"])[:cfg.n_general]
     test_ref = reference_outputs(model, full, test, cfg.intervention, cfg.batch_size)
     ppl_original = perplexity(model, val_blocks, cfg.batch_size)
-    results = dict(command="HF_HUB_OFFLINE=1 python benchmarks/heal_objective.py "
-                   + " ".join(argv if argv is not None else sys.argv[1:]),
+    results = dict(command=command_line("benchmarks/heal_objective.py", argv, env="HF_HUB_OFFLINE=1"),
                    task=cfg.task, circuit=os.path.relpath(circuit_file, ROOT),
                    edges=circuit.count_edges(on_path=True), steps=steps, rows=n_rows,
                    extra_fraction=args.extra_fraction, threads=args.threads, heals=[])

@@ -12,12 +12,12 @@ Three repetitions per mask, interleaved; the median is reported.
 """
 import argparse
 import json
-import sys
 import time
 
 import torch
 
 from condense import tasks
+from condense.artifacts import command_line
 from condense.evaluate import dataset_columns
 from condense.graph import Graph
 from condense.metrics import pad_batch
@@ -63,7 +63,7 @@ def main():
         print(f"{name}: CPU s per step {median[name]:.2f} (of {', '.join(f'{x:.2f}' for x in ts)})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command=" ".join(["python", "benchmarks/mask_step_cost.py"] + sys.argv[1:]),
+            json.dump(dict(command=command_line("benchmarks/mask_step_cost.py"),
                            cpu_seconds=seconds, median=median), f, indent=1)
 
 

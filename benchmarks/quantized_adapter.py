@@ -12,7 +12,6 @@ agreement, as condensation reports them. The base the run was healed on is marke
 import argparse
 import json
 import os
-import sys
 import time
 
 BASES = (None, "4bit", "8bit")
@@ -58,10 +57,11 @@ def main():
                   f"{r['edges']} edges, accuracy {r['accuracy']:.3f} (original "
                   f"{r['accuracy_full']:.3f}), faithfulness {r['faithfulness']:.3f}, KL "
                   f"{r['kl']:.3f}, top-1 {r['top1_agreement']:.3f}; {r['seconds']:.0f} s", flush=True)
+    from condense.artifacts import command_line
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(dict(command="HF_HUB_OFFLINE=1 python benchmarks/quantized_adapter.py "
-                               + " ".join(sys.argv[1:]), results=results), f, indent=1)
+        json.dump(dict(command=command_line("benchmarks/quantized_adapter.py", env="HF_HUB_OFFLINE=1"),
+                       results=results), f, indent=1)
     print(f"-> {args.json}")
 
 

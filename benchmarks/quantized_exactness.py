@@ -14,13 +14,13 @@ the quantized modules head by head throughout (it refuses to read a repacked wei
 import argparse
 import json
 import os
-import sys
 
 import torch
 
 import condense.model_parts as model_parts
 import condense.quantized as quantized
 from condense import tasks
+from condense.artifacts import command_line
 from condense.evaluate import dataset_columns, row_batches
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer
@@ -90,8 +90,8 @@ def main():
                   + f" (logits up to {r['logit_scale']:.1f})", flush=True)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(dict(command="HF_HUB_OFFLINE=1 python benchmarks/quantized_exactness.py "
-                               + " ".join(sys.argv[1:]), model=args.model, rows=args.rows,
+        json.dump(dict(command=command_line("benchmarks/quantized_exactness.py", env="HF_HUB_OFFLINE=1"),
+                       model=args.model, rows=args.rows,
                        results=results), f, indent=1)
     print(f"-> {args.json}")
 

@@ -161,7 +161,8 @@ def main():
     for r in results:
         r["heal_needs_vs_fp32"] = r["heal_needs_mib"] / fp["heal_needs_mib"]
         r["weights_vs_fp32"] = r["weights_mib"] / fp["weights_mib"]
-    report = dict(command="HF_HUB_OFFLINE=1 python benchmarks/quantized_heal.py " + " ".join(sys.argv[1:]),
+    from condense.artifacts import command_line
+    report = dict(command=command_line("benchmarks/quantized_heal.py", env="HF_HUB_OFFLINE=1"),
                   model=args.model, circuit=args.circuit, steps=args.steps, threads=args.threads,
                   results=results)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)

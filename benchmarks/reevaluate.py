@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 
 KEYS = ("accuracy", "accuracy_original", "faithfulness", "faithfulness_val", "kl", "top1_agreement",
@@ -67,9 +66,8 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         rows.append(r)
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/reevaluate.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]), rows=rows))
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/reevaluate.py", argv), rows=rows))
 
 
 if __name__ == "__main__":

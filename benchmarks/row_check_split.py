@@ -15,7 +15,6 @@ size moves along a row of it, the ranking moved it; along a column, the val rows
 import argparse
 import json
 import os
-import sys
 import time
 
 
@@ -98,9 +97,9 @@ def main(argv=None):
     results = [r for run in runs for r in search(run, val_rows, args.threads)]
     print(table(results))
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/row_check_split.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]), wall_seconds=time.time() - start,
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/row_check_split.py", argv),
+                                    wall_seconds=time.time() - start,
             results=results, table=table(results)))
 
 

@@ -68,9 +68,9 @@ def main(argv=None):
               f"{r['within_10_percent']}, same gate outcomes: {r['same_gate_outcomes']}, "
               f"speed-up {r['speedup']:.2f}x", flush=True)
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/shortcuts.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]), shortcuts=args.shortcuts, rows=rows))
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/shortcuts.py", argv),
+                                    shortcuts=args.shortcuts, rows=rows))
 
 
 if __name__ == "__main__":

@@ -212,9 +212,8 @@ def main(argv=None):
     if args.keep_circuits:
         keep_circuits(rows, args.out, tag)
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/smollm2_baselines.py "
-                                   + " ".join(argv if argv is not None else sys.argv[1:]),
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/smollm2_baselines.py", argv),
                                    wall_seconds=time.time() - start, rows=rows, doubled_rows_check=check,
                                    table=markdown(rows)))
 

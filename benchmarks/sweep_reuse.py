@@ -86,9 +86,9 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         out.append(r)
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/sweep_reuse.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]), threads=args.threads, rows=out))
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/sweep_reuse.py", argv),
+                                    threads=args.threads, rows=out))
 
 
 if __name__ == "__main__":

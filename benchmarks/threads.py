@@ -140,8 +140,8 @@ def main(argv=None):
     for s in summary:
         print(json.dumps(s))
     if args.json:
-        from condense.artifacts import write_json
-        write_json(args.json, dict(command="python benchmarks/threads.py " + " ".join(argv or sys.argv[1:]),
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(command=command_line("benchmarks/threads.py", argv),
                                    cores=os.cpu_count(), omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
                                    wall_seconds=time.time() - start, results=results, summary=summary))
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from condense.artifacts import write_json
+from condense.artifacts import command_line, write_json
 
 SHAPES = {"smollm2-135m": (49_152, 576), "gemma3-270m": (262_144, 640)}
 
@@ -45,7 +45,7 @@ def main(argv=None):
                   f"backward {backward:.2f} s", flush=True)
     if args.json:
         words = sys.argv[1:] if argv is None else argv
-        write_json(args.json, dict(command=" ".join(["python benchmarks/unembedding_dtype.py", *words]),
+        write_json(args.json, dict(command=command_line("benchmarks/unembedding_dtype.py", words),
                                    tokens=args.tokens, threads=args.threads,
                                    torch=torch.__version__, rows=rows))
 

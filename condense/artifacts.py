@@ -1,9 +1,11 @@
 """Atomic writes of run artifacts (docs/design.md §6): write a temporary file beside the target,
 then rename it over the target, so a killed run never leaves half a file behind. Also the one
-reader of JSON artifacts, gzipped or not."""
+reader of JSON artifacts, gzipped or not, and the command line a benchmark records in its JSON."""
 import gzip
 import json
 import os
+import shlex
+import sys
 import tempfile
 
 
@@ -36,6 +38,14 @@ def _umask():
 
 def write_json(path, obj):
     atomic_write(path, json.dumps(obj, indent=1) + "\n")
+
+
+def command_line(script: str, argv: list[str] | None = None, env: str = "") -> str:
+    """The command that reruns `script` with `argv` (default: this process's arguments), quoted
+    so that an argument with spaces or shell characters pastes back as it was given; `env`
+    (e.g. "HF_HUB_OFFLINE=1") goes in front."""
+    words = shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+    return f"{env} {words}" if env else words
 
 
 def read_json(path):
