@@ -39,7 +39,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from condense import runs
-from condense.artifacts import read_output, write_json
+from condense.artifacts import command_line, read_output, write_json
 from condense.methods.s3martcirc.node_baselines import BASELINES, paired_drop_difference
 
 NAMES = {"s3martcirc": "S3martCirc",
@@ -323,7 +323,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before the runs, not after
-    words = ["benchmarks/s3martcirc.py", *(sys.argv[1:] if argv is None else argv)]
+    words = sys.argv[1:] if argv is None else argv
     results, commands = {}, []
     if args.combine:
         for path in args.combine:
@@ -341,7 +341,7 @@ def main(argv=None):
             m = run_task(task, args)
             results[task] = m
             print(f"[bench] {task}: done-when checks {m['done_when']}", flush=True)
-        commands.append(" ".join(words))
+        commands.append(command_line("benchmarks/s3martcirc.py", words))
     # the tables' rows come from the runs, so a pooled file written before a column existed gains it
     rows = [r for task, m in results.items() for r in rows_of(task, m)]
     checks = report(rows, results)
@@ -349,7 +349,7 @@ def main(argv=None):
         print(f"drew {plot(rows, results, args.plot)}")
     if args.json:
         write_json(args.json, dict(rows=rows, runs=results, **checks,
-                                   command=" ".join(["python", *words]) if args.combine else commands[0],
+                                   command=command_line("benchmarks/s3martcirc.py", words),
                                    commands=commands))
     return results
 
