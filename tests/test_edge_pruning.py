@@ -280,3 +280,17 @@ def test_hap_vs_ep_control_only_is_the_control_of_a_full_run(tmp_path, monkeypat
     for key in ("control_kl_ratio", "control_kl_ratio@target", "kl_ratio@target"):
         assert pooled[key] == pytest.approx(whole[key], rel=1e-6), key
     assert "control_kl_ratio" not in json.load(open(no_control))["aggregate"]["ioi"]
+
+
+def test_hap_vs_ep_bar_is_judged_at_the_target_edge_count(hap_vs_ep):
+    """The pooled verdict asks >= 46 % faster and KL within 10 % once both circuits are cut to the
+    target's edge count, not at their learned sizes (which differ)."""
+    def rows(seed, hap_s, hap_kl_target):
+        return [dict(task="ioi", seed=seed, method=m, seconds=s, cpu_seconds=s, kl=kl, accuracy=0.9)
+                for m, s, kl in (("edge_pruning", 100.0, 0.05), ("edge_pruning@target", 100.0, 0.10),
+                                 ("hap", hap_s, 0.50), ("hap@target", hap_s, hap_kl_target))]
+    met = hap_vs_ep.aggregate_over_seeds(rows(0, 50.0, 0.105) + rows(1, 52.0, 0.11))["ioi"]
+    assert met["kl_ratio"] == 10.0 and met["bar_met"] and met["bar_met_cpu"]
+    slow = hap_vs_ep.aggregate_over_seeds(rows(0, 60.0, 0.05))["ioi"]
+    worse = hap_vs_ep.aggregate_over_seeds(rows(0, 50.0, 0.12))["ioi"]
+    assert not slow["bar_met"] and not worse["bar_met"]
