@@ -32,7 +32,9 @@ class SenderDiffs:
 
     def add(self, first_sender, diff):
         """Record the rows of a block of senders; diff [k, B*T*D]."""
-        if self.senders and self.senders[-1] + 1 != first_sender:
+        # a skipped block leaves a gap, also before the first recorded block (the input node
+        # skipped when no edge out of it is on)
+        if first_sender != (self.senders[-1] + 1 if self.senders else 0):
             self.contiguous = False
         with torch.no_grad():
             self.data[self.n: self.n + diff.shape[0]] = diff

@@ -231,8 +231,12 @@ def _shortcut_masks(g, seed=0):
         for kind in "qkv":
             late_heads[:, g.receiver_index[f"a1.h{h}<{kind}>"]] = 0
     late_heads[0, g.receiver_index["a1.h2<q>"]] = 0  # inputs that differ: projected per head
+    # no edge out of the input: its block is skipped, so the recorded rows start at a0.h0
+    no_input = sparse.clone()
+    no_input[0] = 0
     return dict(empty=torch.zeros_like(valid), full=valid, sparse=sparse, blocks=blocks,
-                continuous=continuous, columns=columns * valid, late_heads=late_heads)
+                continuous=continuous, columns=columns * valid, late_heads=late_heads,
+                no_input=no_input)
 
 
 @pytest.mark.parametrize("intervention", ["patching", "mean", "zero"])
