@@ -111,7 +111,7 @@ def _heads_of(proj, heads):
     return Projection(proj.module, proj.offset, proj.head_of.to(heads.device)[heads])
 
 
-def _gemma2_head_outputs(norm, out, const):
+def normed_head_shares(norm, out, const):
     """Split Gemma2/3's post-attention RMSNorm(sum_h out_h + const) exactly into per-head shares."""
     wide = at_least_fp32(out.dtype)  # Gemma2RMSNorm and Gemma3RMSNorm compute in fp32
     total = (out.sum(2) + (0 if const is None else const)).to(wide)
@@ -332,7 +332,7 @@ def decomposed_forward(parts, graph, ids, attention_mask=None, *, ablated=None, 
             else:
                 out, const = split_heads_output(lp.o_proj, z)
                 if lp.post_attn_norm is not None:
-                    out, const = _gemma2_head_outputs(lp.post_attn_norm, out, const), None
+                    out, const = normed_head_shares(lp.post_attn_norm, out, const), None
                 block = out.permute(2, 0, 1, 3)
                 add_block(block, heads.start, summed=block.sum(0, keepdim=True) if how == "sum" else None)
             add_const(const)

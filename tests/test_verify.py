@@ -119,7 +119,7 @@ def test_subsets_equal_evaluate(family, lora):
     ids = torch.cat([torch.tensor([0, 2 ** n - 1]), torch.randint(2 ** n, (6,), generator=gen)])
     # small passes and element budget: versions and subsets are split across several passes
     ev = SubsetEvaluator(model, g, rows, batch_size=4, max_elements=4096, max_subsets_per_pass=3)
-    assert ev.method == ("dense" if family in ("gemma2", "gemma3") else "sparse")
+    assert ev.method == "sparse"
     got = ev.mean_logit_diffs(ids)
     want = reference_logit_diffs(model, g, rows, ev.edges, ids)
     assert (got - want).abs().max() < TOL

@@ -23,20 +23,21 @@ bias constants). Every edge outside C is off in every subset, so (the "sparse" m
 It equals evaluate() on each subset's circuit up to float rounding (tests/test_verify.py).
 
 Node masks (head_mask, neuron_mask) are applied as patching applies them. Where one head's
-output depends on the layer's other heads (Gemma2/3 normalise the sum of its heads), the
-"dense" method runs the exact forward
-(patching.decomposed_forward) once per subset, still with one corrupted run per prompt batch.
-A per-row edge mask in decomposed_forward would batch that path too; the sparse path does
-not need it, since it never runs a whole layer per subset.
+output depends on the layer's other heads (Gemma2/3 normalise the sum of its heads), a layer's
+heads are recomputed together, once per setting of their joint cone (condense.verify.plan's
+HeadGroup). The "dense" method runs the exact forward (patching.decomposed_forward) once per
+subset, still with one corrupted run per prompt batch: a check of the sparse path, and a
+fallback for anything it does not cover.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from condense.evaluate import dataset_columns, row_batches
-from condense.model_parts import affine_weight
+from condense.model_parts import affine_weight, split_heads_output
 from condense.patching import (at_least_fp32, attention_masks, checked_parts, resolve_node_mask,
-                               ablated_values, decomposed_forward)
+                               ablated_values, decomposed_forward, normed_head_shares)
+from condense.verify.plan import plan, reads_last_only
 from condense.verify.versions import (at_last, matmul_versions, project_rows, sender_output,
                                       versions_of)
 
@@ -58,18 +59,6 @@ def subset_masks(ids, n_edges):
 
 
 @dataclass
-class _Node:
-    """A circuit node: recomputed per subset setting of its cone."""
-    sender: int
-    layer: int
-    head: int | None                 # None for an MLP
-    receivers: list                  # graph receiver indices it reads: (q, k, v) or (mlp,)
-    cone: list = field(default_factory=list)   # circuit-edge indices its output depends on
-    receiver_cones: list = field(default_factory=list)  # the same per receiver (q, k, v differ)
-    all_positions: bool = True       # False: its output is only ever read at the last position
-
-
-@dataclass
 class _Batch:
     """What does not depend on the subset, for one prompt batch."""
     last: torch.Tensor               # [B] last real position
@@ -81,6 +70,8 @@ class _Batch:
     attn_masks: dict                 # sliding window -> additive mask [B, 1, T, T]
     rotary: list                     # per layer: (cos, sin) or None
     node_mix: dict                   # circuit node -> (node mask, ablated z or hidden [B, T, .])
+    heads_out: dict                  # HeadGroup layer -> (every head's output with every edge off
+                                     # [B, T, H, D] before the layer's norm, o_proj(0) or None)
 
 
 class SubsetEvaluator:
@@ -108,63 +99,16 @@ class SubsetEvaluator:
         self.edges = circuit_edges(graph)
         self.n_edges = len(self.edges)
         self.edge_names = [f"{graph.sender_names[s]}->{graph.receiver_names[r]}" for s, r in self.edges]
-        sparse_ok = self.parts.layers[0].post_attn_norm is None
-        if method == "sparse" and not sparse_ok:
-            raise ValueError("the sparse subset method needs heads whose outputs do not depend on "
-                             "each other (not Gemma2/3); use method='dense'")
-        self.method = ("sparse" if sparse_ok else "dense") if method == "auto" else method
+        self.method = "sparse" if method == "auto" else method
         self.into = {}                          # receiver -> circuit-edge indices
         self.out_of = {}                        # sender -> circuit-edge indices
         for i, (s, r) in enumerate(self.edges):
             self.into.setdefault(r, []).append(i)
             self.out_of.setdefault(s, []).append(i)
-        self.nodes = self._plan() if self.method == "sparse" else []
-
-    # ------------------------------------------------------------ the plan (sparse method)
-    def _node_receivers(self, s):
-        g, H = self.graph, self.graph.n_heads
-        layer = (s - 1) // (H + 1)
-        if s == g.mlp_sender(layer):
-            return layer, None, [g.mlp_receiver(layer)]
-        h = s - g.head_sender(layer, 0)
-        start = g.attn_receivers(layer).start
-        return layer, h, [start + c * H + h for c in range(3)]
-
-    def _plan(self):
-        nodes = {}
-        for s in sorted(self.out_of):
-            if s == 0:
-                continue  # the input node reads nothing
-            layer, head, receivers = self._node_receivers(s)
-            if any(r in self.into for r in receivers):
-                nodes[s] = _Node(s, layer, head, receivers)
-        for node in nodes.values():  # senders come in topological order
-            for r in node.receivers:
-                cone = set()
-                for i in self.into.get(r, []):
-                    src = self.edges[i][0]
-                    cone |= {i} | set(nodes[src].cone if src in nodes else ())
-                node.receiver_cones.append(sorted(cone))
-            node.cone = sorted(set().union(*node.receiver_cones))
-        for node in reversed(list(nodes.values())):  # readers come after their senders
-            node.all_positions = False
-            for i in self.out_of[node.sender]:
-                r = self.edges[i][1]
-                reader = nodes.get(int(self.graph.receiver_node[r]))
-                if reader is None:
-                    continue  # the logits (last position) or a node whose output nobody reads
-                kv = reader.head is not None and r != reader.receivers[0]
-                if kv or reader.all_positions:
-                    node.all_positions = True
-        return list(nodes.values())
-
-    def _reads_last_only(self, node, r):
-        """Whether receiver r of `node` is only needed at the last position."""
-        if node is None:
-            return True  # the logits
-        if node.head is not None and r != node.receivers[0]:
-            return False  # keys and values are read at every position
-        return not node.all_positions
+        grouped = self.parts.layers[0].post_attn_norm is not None
+        self.units = (plan(graph, self.edges, self.into, self.out_of, grouped)
+                      if self.method == "sparse" else [])
+        self.nodes = [m for unit in self.units for m in unit.members]  # every head / MLP computed
 
     # ------------------------------------------------------------ public entry point
     @torch.no_grad()
@@ -242,7 +186,7 @@ class SubsetEvaluator:
         answer = torch.tensor([int(self.cols["answer_id"][i]) for i in idx], device=device)
         distractor = torch.tensor([int(self.cols["distractor_id"][i]) for i in idx], device=device)
         B, T = clean.shape
-        circuit_nodes = {node.sender for node in self.nodes}
+        circuit_nodes = {s for unit in self.units for s in unit.senders}
         fixed_diff, ablated_out = {}, {}
         for s in self.out_of:
             if s not in circuit_nodes:
@@ -262,7 +206,13 @@ class SubsetEvaluator:
         windows = [lp.sliding_window for lp in parts.layers]
         masks = attention_masks(attn_mask, B, T, windows, dtype, device)
         rotary = parts.rotary_tables(like.new_zeros(1, T, parts.shape.d_model), T)
-        return _Batch(last, answer, distractor, base, fixed_diff, ablated_out, masks, rotary, node_mix)
+        heads_out = {}
+        for unit in self.units:
+            if unit.head == "group":
+                z = empty_run.z[unit.layer].expand(B, T, -1, -1)
+                heads_out[unit.layer] = split_heads_output(parts.layers[unit.layer].o_proj, z)
+        return _Batch(last, answer, distractor, base, fixed_diff, ablated_out, masks, rotary, node_mix,
+                      heads_out)
 
     def _weight_slices(self):
         """Per circuit head: (W, b) of its q, k, v rows and its o_proj columns, read once per call
@@ -296,23 +246,26 @@ class SubsetEvaluator:
         B = batch.last.shape[0]
         T = batch.attn_masks[self.parts.layers[0].sliding_window].shape[-1]
         shape = self.parts.shape
-        for node in self.nodes:
-            version, rep = versions_of(masks, node.cone)
+        for unit in self.units:
+            version, rep = versions_of(masks, unit.cone)
             # versions computed at once, so that no intermediate exceeds piece_elements (a head
             # read at the last position only still has keys and values at every position)
-            if node.all_positions:
+            if unit.all_positions:
                 per_version = B * T * max(shape.d_model, shape.d_mlp, T)
-            elif node.head is not None:
+            elif unit.head is not None:
                 per_version = B * max(T * shape.head_dim, shape.d_model)
             else:
                 per_version = B * shape.d_mlp
+            if unit.head == "group":  # every head of the layer at once
+                per_version *= shape.n_heads + 1
             step = max(1, self.piece_elements // per_version)
-            outs = [self._node_output(batch, node, rep[i:i + step], masks, weights, versions)
-                    for i in range(0, len(rep), step)]
-            out = torch.cat(outs, 1)
-            abl = batch.ablated[node.sender]
-            versions[node.sender] = (version, out - (abl[:, None] if node.all_positions
-                                                     else at_last(abl[:, None], batch.last)))
+            pieces = [self._unit_outputs(batch, unit, rep[i:i + step], masks, weights, versions)
+                      for i in range(0, len(rep), step)]
+            for s in unit.senders:
+                out = torch.cat([piece[s] for piece in pieces], 1)
+                abl = batch.ablated[s]
+                versions[s] = (version, out - (abl[:, None] if unit.all_positions
+                                               else at_last(abl[:, None], batch.last)))
         return self._logit_diff(batch, self._logits_input(batch, weights, versions))
 
     def _logits_input(self, batch, weights, versions):
@@ -357,7 +310,7 @@ class SubsetEvaluator:
 
     def _receiver_input(self, batch, r, node, rows, weights, versions):
         """Input of receiver r [B, len(rows) or 1, T or 1, D] for the subsets `rows`."""
-        last_only = self._reads_last_only(node, r)
+        last_only = reads_last_only(node, r)
         x = batch.base[r][:, None]
         x = at_last(x, batch.last) if last_only else x
         for i in self.into.get(r, []):
@@ -374,6 +327,25 @@ class SubsetEvaluator:
             x = x + weights[rows, i][None, :, None, None] * d
         return x
 
+    def _unit_outputs(self, batch, unit, rows, masks, weights, versions):
+        """Sender -> clean output [B, len(rows), T or 1, D] of a unit's senders for the subsets
+        `rows`. A HeadGroup recomputes its members, takes every other head of the layer as it
+        is with every edge off, and splits the normalised sum into per-head shares as the
+        patched forward does (patching.normed_head_shares)."""
+        if unit.head != "group":
+            return {unit.sender: self._node_output(batch, unit, rows, masks, weights, versions)}
+        out, const = batch.heads_out[unit.layer]                    # [B, T, H, D]
+        if not unit.all_positions:
+            out = at_last(out[:, None], batch.last)[:, 0]
+        B, T, H, D = out.shape
+        out = out[:, None].expand(B, len(rows), T, H, D).contiguous()  # (a copy)
+        for node in unit.members:
+            out[:, :, :, node.head] = self._node_output(batch, node, rows, masks, weights, versions)
+        norm = self.parts.layers[unit.layer].post_attn_norm
+        shares = normed_head_shares(norm, out.view(B * len(rows), T, H, D), const)
+        shares = shares.view(B, len(rows), T, H, D)
+        return {s: shares[:, :, :, unit.heads[s]] for s in unit.senders}
+
     def _node_output(self, batch, node, rows, masks, weights, versions):
         """Clean output [B, len(rows), T or 1, D] of a circuit node for the subsets `rows`."""
         lp = self.parts.layers[node.layer]
@@ -383,16 +355,17 @@ class SubsetEvaluator:
             ablated = ablated[:, None] if node.all_positions else at_last(ablated[:, None], batch.last)
         if node.head is None:
             x = self._receiver_input(batch, node.receivers[0], node, rows, weights, versions)
-            if mix is None:
-                return lp.mlp(lp.mlp_norm(x))
-
-            def mix_hidden(module, args):
-                return (ablated + keep * (args[0] - ablated),) + tuple(args[1:])
-            hook = lp.mlp_down.register_forward_pre_hook(mix_hidden)
+            hook = None
+            if mix is not None:
+                def mix_hidden(module, args):
+                    return (ablated + keep * (args[0] - ablated),) + tuple(args[1:])
+                hook = lp.mlp_down.register_forward_pre_hook(mix_hidden)
             try:
-                return lp.mlp(lp.mlp_norm(x))
+                y = lp.mlp(lp.mlp_norm(x))
             finally:
-                hook.remove()
+                if hook is not None:
+                    hook.remove()
+            return y if lp.post_mlp_norm is None else lp.post_mlp_norm(y)
         # q, k and v each depend on part of the node's cone only: compute each once per
         # setting of its own cone (keys and values span every position), then gather
         (q, q_version), (k, k_version), (v, v_version) = (
