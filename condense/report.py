@@ -379,7 +379,8 @@ def pair_heatmap(verify: dict) -> str:
 def verify_summary(verify: dict) -> str:
     if not verify:
         return ('<p>Not verified yet: <code>condense verify RUN_DIR</code> (circuits up to 20 '
-                'edges) adds subsets, pairs and their pictures here.</p>')
+                'edges; <code>--local</code> for any size) adds subsets, pairs and their '
+                'pictures here.</p>')
     local = verify.get("mode") == "local"  # one- and two-edge removals only
     items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
              ("circuit passes it", verify.get("circuit_faithful")),
@@ -389,6 +390,12 @@ def verify_summary(verify: dict) -> str:
              ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
              ("median partners", verify.get("partners_median")),
              ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]
+    if local and verify.get("removable_edges") is not None:
+        items.insert(5, ("edges that can go one at a time",
+                         f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"))
+    if verify.get("greedy_subset"):
+        items.insert(6, ("greedy reduction (passes, no edge can leave it)",
+                         f"{verify['greedy_subset_size']} edges: {', '.join(verify['greedy_subset'])}"))
     cells = "".join(f"<tr><th>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
     return f'<table class="metrics" id="verify-summary">{cells}</table>'
 

@@ -1,5 +1,6 @@
 """Local verification of a circuit of any size: the circuit, every circuit without one edge and
-every circuit without two (`condense verify --local`), judged like the exhaustive subsets."""
+every circuit without two (`condense verify --local`), judged like the exhaustive subsets; and
+for a reducible circuit a greedy reduction to a passing subset from which no edge can go."""
 import torch
 
 from condense.verify.pairs import _median, judge, pair_interactions
@@ -51,3 +52,35 @@ def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accura
         n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
         partners={names[i]: c for i, c in enumerate(pairs["partners"])},
         partners_median=_median(pairs["partners"]))
+
+
+def greedy_reduction(evaluate, n, passes, first=None, on_step=None):
+    """A passing subset that no single edge can leave (1-minimal), found greedily: from the
+    circuit, while some one-edge removal of the current subset passes, take the passing removal
+    with the highest f. An upper bound on the smallest passing subset, not the smallest itself
+    (f is not monotone, and another order may go further).
+
+    evaluate(masks [M, n] bool) -> (ld, accuracy) of those subsets; passes(ld, accuracy) ->
+    (f, ok); first: (ld, accuracy) of the circuit's n one-edge removals, in edge order, when
+    already measured; on_step(edges left, f, accuracy) after each removal. Returns (mask [n]
+    bool, the removals in order as (edge index, f, accuracy), subsets evaluated)."""
+    current = torch.ones(n, dtype=torch.bool)
+    removals, evaluated = [], 0
+    while bool(current.any()):
+        on = current.nonzero().flatten()
+        if first is not None and not removals:
+            ld, accuracy = first
+        else:
+            masks = current.repeat(len(on), 1)
+            masks[torch.arange(len(on)), on] = False
+            ld, accuracy = evaluate(masks)
+            evaluated += len(on)
+        f, ok = passes(ld, accuracy)
+        if not bool(ok.any()):
+            break
+        k = int(torch.where(ok, f, torch.full_like(f, -torch.inf)).argmax())
+        current[on[k]] = False
+        removals.append((int(on[k]), float(f[k]), float(accuracy[k])))
+        if on_step is not None:
+            on_step(int(current.sum()), float(f[k]), float(accuracy[k]))
+    return current, removals, evaluated

@@ -29,6 +29,9 @@ without one edge and every circuit without two (1 + n + n(n-1)/2 subsets). It re
 the circuit passes its criterion, the edges whose removal still passes (none: "1-minimal";
 any: reducible, a smaller passing subset found) and the same pairwise ablation; irreducibility
 itself needs every subset and stays unchecked (`irreducible` is null unless a removal passes).
+A reducible circuit is then reduced greedily (drop the edge whose removal keeps the highest f
+while some removal passes) to a passing subset that no single edge can leave: `greedy_subset`,
+an upper bound on the smallest passing subset (`--no-reduce` skips it).
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
 `verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
 indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
@@ -47,7 +50,8 @@ import torch
 from condense.artifacts import read_json
 from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
-from condense.verify.local import analyse_local, local_masks
+from condense.verify.local import analyse_local, greedy_reduction, local_masks
+from condense.verify.pairs import judge
 from condense.verify.pictures import plot_pairs, plot_subsets
 from condense.verify.verdict import irreducibility_words
 
@@ -90,7 +94,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    criterion: str = "faithfulness", accuracy_tol: float = 0.05,
                    local: bool = False, reference_logits: Optional[torch.Tensor] = None,
                    reference_name: str = "full model",
-                   top1_floor: Optional[float] = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   top1_floor: Optional[float] = None,
+                   reduce: bool = True) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
@@ -101,7 +106,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     subset's: each needs the whole vocabulary; see check_top1).
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
     `local`: the one- and two-edge removals only (see analyse_local), any size, and
-    (report, None, None)."""
+    (report, None, None); with `reduce`, a reducible circuit's greedy reduction too
+    (greedy_reduction)."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     from condense.evaluate import reference_outputs
@@ -138,6 +144,11 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
             n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
             timing=dict(reference_s=reference_s, subsets_s=subsets_s,
                         subset_prompts_per_s=len(masks) * evaluator.n_rows / subsets_s))
+        if reduce and report["circuit_faithful"] and report["removable_edges"]:
+            start = time.perf_counter()
+            report.update(_reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
+                                   show=progress is not None))
+            report["timing"]["greedy_s"] = time.perf_counter() - start
         if top1_floor is not None:
             report.update(check_top1(evaluator, reference, full, [], top1_floor))
         return report, None, None
@@ -161,6 +172,35 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         report.update(check_top1(evaluator, reference, full, report["minimal_faithful_subsets"],
                                  top1_floor))
     return report, f, minimal
+
+
+def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False) -> dict:
+    """--local on a reducible circuit: greedy_reduction's passing subset that no edge can leave
+    (its first step reuses the one-edge removals just measured)."""
+    n, names = evaluator.n_edges, evaluator.edge_names
+
+    def evaluate(masks):
+        return evaluator.mean_logit_diffs(masks, with_accuracy=True)
+
+    def passes(ld_, accuracy_):
+        return judge(ld_, accuracy_, ld_full, ld_empty, rule, floor)
+
+    def step(left, f, acc):
+        print(f"greedy reduction: {left} edges left (f {f:.3f}, accuracy {acc:.3f})",
+              file=sys.stderr, flush=True)
+
+    evaluator.kept = {}  # each step asks about a few subsets: prepare each prompt batch once
+    try:
+        kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
+                                                     first=(ld[1:1 + n], accuracy[1:1 + n]),
+                                                     on_step=step if show else None)
+    finally:
+        evaluator.kept = None
+    return dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
+                greedy_subset_size=int(kept.sum()),
+                greedy_removals=[dict(edge=names[i], faithfulness=f, accuracy=a)
+                                 for i, f, a in removals],
+                greedy_subsets_evaluated=evaluated)
 
 
 MAX_TOP1_CHECKED = 100  # minimal subsets whose top-1 agreement verify measures
@@ -219,7 +259,7 @@ def run_criterion(cfg) -> dict:
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
-               criterion="run", quantization="as run", local=False):
+               criterion="run", quantization="as run", local=False, reduce=True):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
     criterion "run": the criterion the run itself used to accept its circuit (see run_criterion).
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
@@ -267,7 +307,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
-        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local,
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
@@ -327,6 +367,9 @@ def main(argv=None):
     ap.add_argument("--local", action="store_true",
                     help="any size, no enumeration: the circuit, every one-edge and every two-edge "
                          "removal (1-minimality, reducibility when a removal passes, pairs)")
+    ap.add_argument("--no-reduce", action="store_true",
+                    help="with --local: skip the greedy reduction of a reducible circuit to a "
+                         "passing subset that no edge can leave (about as many subsets again)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
     quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
@@ -336,7 +379,8 @@ def main(argv=None):
                             model=args.model, task=args.task, intervention=args.intervention,
                             method=args.method, device=args.device, dtype=args.dtype,
                             out_dir=args.out, threads=args.threads, criterion=args.criterion,
-                            quantization=quantization, local=args.local)
+                            quantization=quantization, local=args.local,
+                            reduce=not args.no_reduce)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
@@ -344,8 +388,17 @@ def main(argv=None):
     # local: the reason follows (what removal passes, or that none does), so the brief words
     verdict = irreducibility_words(report["irreducible"], local=local, brief=local)
     if local:
-        verdict += (f": a subset without {report['removable_edges'] or report['removable_pairs'][:3]} "
-                    f"passes" if report["irreducible"] is False else "; 1-minimal (no edge or pair can go)")
+        removable = report["removable_edges"]
+        if report["irreducible"] is not False:
+            verdict += "; 1-minimal (no edge or pair can go)"
+        elif removable:
+            verdict += (f": {len(removable)} of {report['n_edges']} edges can go one at a time "
+                        f"({', '.join(removable[:3])}{', ...' if len(removable) > 3 else ''})")
+        else:
+            verdict += f": pairs can go together ({report['removable_pairs'][:3]})"
+        if "greedy_subset" in report:
+            verdict += (f"; greedy reduction: a passing subset of {report['greedy_subset_size']} "
+                        f"edges that no edge can leave")
     else:
         if report["irreducible"] is not None:
             verdict += f"; {report['n_minimal_faithful_subsets']} minimal faithful subsets"

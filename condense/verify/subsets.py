@@ -83,11 +83,13 @@ class SubsetEvaluator:
     method: "sparse" (the fast path above), "dense" (one exact forward per subset) or "auto"
     (sparse where it applies). max_elements bounds every intermediate tensor (elements), so
     memory stays flat however many subsets a pass holds; node versions are computed in pieces
-    of at most piece_elements (smaller pieces stay in cache)."""
+    of at most piece_elements (smaller pieces stay in cache). keep_batches (sparse method):
+    keep each prompt batch's subset-independent part between calls, for callers that ask
+    about a few subsets many times (verify's greedy reduction)."""
 
     def __init__(self, model, graph, dataset, intervention="patching", *, means=None,
                  batch_size=32, method="auto", max_elements=2 ** 23, piece_elements=2 ** 21,
-                 max_subsets_per_pass=8192):
+                 max_subsets_per_pass=8192, keep_batches=False):
         if method not in METHODS:
             raise ValueError(f"method {method!r}; choose one of {METHODS}")
         self.model, self.graph, self.intervention, self.means = model, graph, intervention, means
@@ -96,6 +98,7 @@ class SubsetEvaluator:
         self.batch_size, self.max_elements = batch_size, max_elements
         self.piece_elements = min(piece_elements, max_elements)
         self.max_subsets_per_pass = max_subsets_per_pass
+        self.kept = {} if keep_batches else None  # first row of a batch -> its _Batch
         self.edges = circuit_edges(graph)
         self.n_edges = len(self.edges)
         self.edge_names = [f"{graph.sender_names[s]}->{graph.receiver_names[r]}" for s, r in self.edges]
@@ -134,7 +137,13 @@ class SubsetEvaluator:
             done = 0
             for idx, clean, corrupted, attn_mask, last in row_batches(
                     self.cols, self.n_rows, self.batch_size, device):
-                batch = self._prepare(idx, clean, corrupted, attn_mask, last)
+                first = int(idx[0])
+                if self.kept is not None and self.method == "sparse" and first in self.kept:
+                    batch = self.kept[first]
+                else:
+                    batch = self._prepare(idx, clean, corrupted, attn_mask, last)
+                    if self.kept is not None and self.method == "sparse":
+                        self.kept[first] = batch
                 per_pass = self._subsets_per_pass(len(idx))
                 for start in range(0, N, per_pass):
                     chunk = subsets[start:start + per_pass]
