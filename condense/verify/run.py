@@ -356,7 +356,8 @@ def main(argv=None):
     ap.add_argument("--intervention", default=None, choices=("patching", "mean", "zero"),
                     help="ablation (recipe's intervention, else patching)")
     ap.add_argument("--method", default="auto", choices=("auto", "sparse", "dense"),
-                    help="subset evaluation (condense.verify.subsets); auto = sparse where it applies")
+                    help="subset evaluation (condense.verify.subsets): auto = sparse (every supported "
+                         "model); dense = one exact forward per subset, its check")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default="as-run", choices=("as-run", "none", "4bit", "8bit"),

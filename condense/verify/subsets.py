@@ -80,8 +80,8 @@ class SubsetEvaluator:
         ev = SubsetEvaluator(model, circuit, rows, intervention="patching")
         ld = ev.mean_logit_diffs(torch.arange(2 ** ev.n_edges))   # [2^n] float64
 
-    method: "sparse" (the fast path above), "dense" (one exact forward per subset) or "auto"
-    (sparse where it applies). max_elements bounds every intermediate tensor (elements), so
+    method: "sparse" (the fast path above), "dense" (one exact forward per subset, its check)
+    or "auto" (sparse: it covers every model the graph supports). max_elements bounds every intermediate tensor (elements), so
     memory stays flat however many subsets a pass holds; node versions are computed in pieces
     of at most piece_elements (smaller pieces stay in cache). keep_batches (sparse method):
     keep each prompt batch's subset-independent part between calls, for callers that ask
