@@ -23,7 +23,6 @@ before it picks the original's next token as often as a bar asks.
 import argparse
 import collections
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 
@@ -217,16 +216,10 @@ def main(argv=None):
                   f"agreement {r['top1_agreement']:.3f}, KL {r['kl']:.4f}, accuracy "
                   f"{r['accuracy_quantized']:.3f} vs {r['accuracy_full_precision']:.3f}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(dict(command="HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py "
-                           + " ".join(args.runs) + f" --n {args.n} --split {args.split}"
-                           f" --threads {args.threads}"
-                           + (f" --quantized {args.quantized}" if args.quantized else "")
-                           + (" --top-n " + ",".join(map(str, args.top_n)) if args.top_n else "")
-                           + f" --json {args.json}",
-                           results=results, quantized=quantized), f, indent=1)
-
+        from condense.artifacts import command_line, write_json
+        write_json(args.json, dict(
+            command=command_line("benchmarks/top1_agreement.py", argv, env="HF_HUB_OFFLINE=1"),
+            results=results, quantized=quantized))
 
 if __name__ == "__main__":
     main()
