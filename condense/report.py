@@ -396,6 +396,9 @@ def verify_summary(verify: dict) -> str:
     if verify.get("greedy_subset"):
         items.insert(6, ("greedy reduction (passes, no edge can leave it)",
                          f"{verify['greedy_subset_size']} edges: {', '.join(verify['greedy_subset'])}"))
+    if verify.get("minimal_subset"):
+        items.insert(7, ("a minimal passing subset (every subset of the greedy one checked)",
+                         f"{verify['minimal_subset_size']} edges: {', '.join(verify['minimal_subset'])}"))
     cells = "".join(f"<tr><th>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
     return f'<table class="metrics" id="verify-summary">{cells}</table>'
 

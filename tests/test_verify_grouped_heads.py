@@ -8,22 +8,14 @@ from condense.means import compute_means
 from condense.verify.plan import HeadGroup
 from condense.verify.subsets import SubsetEvaluator
 
-from .test_verify import (MIXED_CIRCUIT, TOL, circuit, random_model, random_rows,
-                          reference_logit_diffs)
+from .test_verify import (MIXED_CIRCUIT, TOL, circuit, one_thread, random_model,  # noqa: F401
+                          random_rows, reference_logit_diffs)
 
 # MIXED_CIRCUIT plus heads that circuit edges leave but none enters, beside heads whose input
 # varies (a0.h2, a0.h3: their share still changes with the subset), and a layer-1 head
 # read by a later MLP only
 GROUPED_CIRCUIT = MIXED_CIRCUIT + ["a0.h2->a1.h1<q>", "a0.h3->logits", "a1.h1->logits",
                                    "a1.h1->m1"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _ids(n, seed):

@@ -3,11 +3,11 @@ no single edge can leave (condense.verify.local.greedy_reduction); checked again
 exhaustive subset table on tiny models."""
 import torch
 
-from condense.verify.local import greedy_reduction
+from condense.verify.local import greedy_reduction, smallest_within
 from condense.verify.run import verify_circuit
 
-from .test_verify import (MIXED_CIRCUIT, REDUNDANT, circuit, random_model, random_rows,
-                          redundant_model, redundant_rows)
+from .test_verify import (MIXED_CIRCUIT, REDUNDANT, circuit, one_thread,  # noqa: F401
+                          random_model, random_rows, redundant_model, redundant_rows)
 
 
 def test_greedy_reduction_takes_the_most_faithful_passing_removal():
@@ -32,6 +32,27 @@ def test_greedy_reduction_takes_the_most_faithful_passing_removal():
                                    [True, True, False, True], [True, True, True, False]]))
     _, removals_reused, evaluated_reused = greedy_reduction(evaluate, 4, passes, first=first)
     assert removals_reused == removals and evaluated_reused == evaluated - 4
+
+
+def test_every_subset_of_a_one_minimal_subset_can_hold_a_smaller_passing_one():
+    """f is not monotone: {0, 1, 2} passes, no two-edge subset does, {0} does. Every subset of
+    it finds {0}, a minimal passing subset, and says {0, 1, 2} is not minimal."""
+    f_of = {(0, 1, 2): 1.0, (0,): 0.8}
+
+    def evaluate(masks):
+        f = torch.tensor([f_of.get(tuple(m.nonzero().flatten().tolist()), 0.1) for m in masks],
+                         dtype=torch.float64)
+        return f, f
+
+    def passes(ld, accuracy):
+        return ld, ld >= 0.5
+
+    smallest, kept_minimal, checked = smallest_within(evaluate, torch.ones(3, dtype=torch.bool),
+                                                      passes)
+    assert smallest.tolist() == [True, False, False] and not kept_minimal and checked == 8
+    smallest, kept_minimal, _ = smallest_within(evaluate, torch.tensor([True, False, False]),
+                                                passes)
+    assert smallest.tolist() == [True, False, False] and kept_minimal
 
 
 def _subset_id(names, kept):
@@ -62,8 +83,14 @@ def test_greedy_subset_passes_and_no_edge_can_leave_it():
             current ^= 1 << names.index(step["edge"])
             assert abs(step["faithfulness"] - float(f[current])) < 1e-4
         assert current == k
-        # kept is a superset of a minimal faithful subset (a subset that passes holds one)
-        assert any(set(m) <= set(kept) for m in full["minimal_faithful_subsets"])
+        # kept is a superset of a minimal faithful subset (a subset that passes holds one), and
+        # enumerating it finds one of the exhaustive table's minimal subsets
+        minimal = [set(m) for m in full["minimal_faithful_subsets"]]
+        assert any(m <= set(kept) for m in minimal)
+        assert set(local["minimal_subset"]) in minimal
+        assert local["minimal_subset_size"] == len(local["minimal_subset"]) <= len(kept)
+        assert local["greedy_subset_minimal"] == (set(kept) in minimal)
+        assert local["subsets_within_greedy"] == 2 ** len(kept)
         skipped, _, _ = verify_circuit(model, g, rows, batch_size=batch, threshold=threshold,
                                        local=True, reduce=False)
         assert "greedy_subset" not in skipped

@@ -84,3 +84,26 @@ def greedy_reduction(evaluate, n, passes, first=None, on_step=None):
         if on_step is not None:
             on_step(int(current.sum()), float(f[k]), float(accuracy[k]))
     return current, removals, evaluated
+
+
+def smallest_within(evaluate, kept, passes):
+    """Every subset of the edges `kept` [n] bool (2^k of them, k = kept.sum()): a smallest
+    passing one is a minimal passing subset of the whole circuit (any passing proper subset of
+    it would be smaller), and `kept` itself is minimal when no proper subset passes. Returns
+    (mask [n] of a smallest passing subset, the most faithful of that size; whether `kept` is
+    minimal; subsets evaluated). evaluate and passes as in greedy_reduction."""
+    on = kept.nonzero().flatten()
+    k = len(on)
+    ids = torch.arange(2 ** k)
+    inside = ((ids[:, None] >> torch.arange(k)) & 1).bool()           # [2^k, k]
+    masks = torch.zeros(2 ** k, len(kept), dtype=torch.bool)
+    masks[:, on] = inside
+    ld, accuracy = evaluate(masks)
+    f, ok = passes(ld, accuracy)
+    sizes = inside.sum(1)
+    kept_is_minimal = not bool(ok[:-1].any())                          # id 2^k - 1 is `kept`
+    if not bool(ok.any()):
+        return None, kept_is_minimal, len(masks)
+    smallest = int(sizes[ok].min())
+    best = torch.where(ok & (sizes == smallest), f, torch.full_like(f, -torch.inf)).argmax()
+    return masks[best], kept_is_minimal, len(masks)

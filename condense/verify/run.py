@@ -30,8 +30,10 @@ the circuit passes its criterion, the edges whose removal still passes (none: "1
 any: reducible, a smaller passing subset found) and the same pairwise ablation; irreducibility
 itself needs every subset and stays unchecked (`irreducible` is null unless a removal passes).
 A reducible circuit is then reduced greedily (drop the edge whose removal keeps the highest f
-while some removal passes) to a passing subset that no single edge can leave: `greedy_subset`,
-an upper bound on the smallest passing subset (`--no-reduce` skips it).
+while some removal passes) to a passing subset that no single edge can leave: `greedy_subset`
+(`--no-reduce` skips it). When it has at most --max-edges edges every subset of it is
+evaluated too: `minimal_subset`, a smallest passing one, is a minimal passing subset of the
+circuit, and `greedy_subset_minimal` says whether the greedy subset itself is one.
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
 `verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
 indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
@@ -50,7 +52,7 @@ import torch
 from condense.artifacts import read_json
 from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
-from condense.verify.local import analyse_local, greedy_reduction, local_masks
+from condense.verify.local import analyse_local, greedy_reduction, local_masks, smallest_within
 from condense.verify.pairs import judge
 from condense.verify.pictures import plot_pairs, plot_subsets
 from condense.verify.verdict import irreducibility_words
@@ -147,7 +149,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         if reduce and report["circuit_faithful"] and report["removable_edges"]:
             start = time.perf_counter()
             report.update(_reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
-                                   show=progress is not None))
+                                   show=progress is not None, max_edges=max_edges,
+                                   progress=progress))
             report["timing"]["greedy_s"] = time.perf_counter() - start
         if top1_floor is not None:
             report.update(check_top1(evaluator, reference, full, [], top1_floor))
@@ -174,9 +177,12 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     return report, f, minimal
 
 
-def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False) -> dict:
+def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False,
+             max_edges=DEFAULT_MAX_EDGES, progress=None) -> dict:
     """--local on a reducible circuit: greedy_reduction's passing subset that no edge can leave
-    (its first step reuses the one-edge removals just measured)."""
+    (its first step reuses the one-edge removals just measured); when it has at most
+    `max_edges` edges, every subset of it (smallest_within): a minimal passing subset of the
+    circuit, and whether the greedy subset is one."""
     n, names = evaluator.n_edges, evaluator.edge_names
 
     def evaluate(masks):
@@ -194,13 +200,23 @@ def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False
         kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
                                                      first=(ld[1:1 + n], accuracy[1:1 + n]),
                                                      on_step=step if show else None)
+        out = dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
+                   greedy_subset_size=int(kept.sum()),
+                   greedy_removals=[dict(edge=names[i], faithfulness=f, accuracy=a)
+                                    for i, f, a in removals],
+                   greedy_subsets_evaluated=evaluated)
+        if int(kept.sum()) <= max_edges:
+            evaluator.kept = None  # many subsets per pass again: nothing to keep
+            smallest, kept_minimal, checked = smallest_within(
+                lambda m: evaluator.mean_logit_diffs(m, progress=progress, with_accuracy=True),
+                kept, passes)
+            out.update(greedy_subset_minimal=kept_minimal, subsets_within_greedy=checked)
+            if smallest is not None:  # (the greedy subset passed: only rounding could undo it)
+                out.update(minimal_subset=[names[i] for i in range(n) if bool(smallest[i])],
+                           minimal_subset_size=int(smallest.sum()))
     finally:
         evaluator.kept = None
-    return dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
-                greedy_subset_size=int(kept.sum()),
-                greedy_removals=[dict(edge=names[i], faithfulness=f, accuracy=a)
-                                 for i, f, a in removals],
-                greedy_subsets_evaluated=evaluated)
+    return out
 
 
 MAX_TOP1_CHECKED = 100  # minimal subsets whose top-1 agreement verify measures
@@ -400,6 +416,10 @@ def main(argv=None):
         if "greedy_subset" in report:
             verdict += (f"; greedy reduction: a passing subset of {report['greedy_subset_size']} "
                         f"edges that no edge can leave")
+        if "minimal_subset_size" in report:
+            verdict += (f"; every subset of it: a minimal passing subset of "
+                        f"{report['minimal_subset_size']} edges (the greedy subset "
+                        f"{'is' if report['greedy_subset_minimal'] else 'is not'} minimal)")
     else:
         if report["irreducible"] is not None:
             verdict += f"; {report['n_minimal_faithful_subsets']} minimal faithful subsets"
