@@ -386,7 +386,8 @@ def main(argv=None):
                          "removal (1-minimality, reducibility when a removal passes, pairs)")
     ap.add_argument("--no-reduce", action="store_true",
                     help="with --local: skip the greedy reduction of a reducible circuit to a "
-                         "passing subset that no edge can leave (about as many subsets again)")
+                         "passing subset that no edge can leave (about as many subsets again), "
+                         "and the check of every subset of it (2^k, up to --max-edges edges)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
     quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
