@@ -26,7 +26,7 @@ import sys
 from typing import Optional
 
 from condense.artifacts import atomic_write, read_json
-from condense.verify.verdict import irreducibility_words
+from condense.verify.verdict import summary_items
 
 DEFAULT_SHOWN_EDGES = 1000
 KIND_COLOURS = {"q": "#2f6fdf", "k": "#1a9a50", "v": "#e07b00", "": "#666666"}
@@ -381,24 +381,7 @@ def verify_summary(verify: dict) -> str:
         return ('<p>Not verified yet: <code>condense verify RUN_DIR</code> (circuits up to 20 '
                 'edges; <code>--local</code> for any size) adds subsets, pairs and their '
                 'pictures here.</p>')
-    local = verify.get("mode") == "local"  # one- and two-edge removals only
-    items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
-             ("circuit passes it", verify.get("circuit_faithful")),
-             ("irreducible", irreducibility_words(verify.get("irreducible"), local)),
-             ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
-              verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets")),
-             ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
-             ("median partners", verify.get("partners_median")),
-             ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]
-    if local and verify.get("removable_edges") is not None:
-        items.insert(5, ("edges that can go one at a time",
-                         f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"))
-    if verify.get("greedy_subset"):
-        items.insert(6, ("greedy reduction (passes, no edge can leave it)",
-                         f"{verify['greedy_subset_size']} edges: {', '.join(verify['greedy_subset'])}"))
-    if verify.get("minimal_subset"):
-        items.insert(7, ("a minimal passing subset (every subset of the greedy one checked)",
-                         f"{verify['minimal_subset_size']} edges: {', '.join(verify['minimal_subset'])}"))
+    items = summary_items(verify)
     cells = "".join(f"<tr><th>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
     return f'<table class="metrics" id="verify-summary">{cells}</table>'
 
