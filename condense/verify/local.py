@@ -92,10 +92,10 @@ def smallest_within(evaluate, kept, passes):
     it would be smaller), and `kept` itself is minimal when no proper subset passes. Returns
     (mask [n] of a smallest passing subset, the most faithful of that size; whether `kept` is
     minimal; subsets evaluated). evaluate and passes as in greedy_reduction."""
+    from condense.verify.subsets import subset_masks
     on = kept.nonzero().flatten()
     k = len(on)
-    ids = torch.arange(2 ** k)
-    inside = ((ids[:, None] >> torch.arange(k)) & 1).bool()           # [2^k, k]
+    inside = subset_masks(torch.arange(2 ** k), k)                     # [2^k, k]
     masks = torch.zeros(2 ** k, len(kept), dtype=torch.bool)
     masks[:, on] = inside
     ld, accuracy = evaluate(masks)

@@ -83,13 +83,13 @@ class SubsetEvaluator:
     method: "sparse" (the fast path above), "dense" (one exact forward per subset, its check)
     or "auto" (sparse: it covers every model the graph supports). max_elements bounds every intermediate tensor (elements), so
     memory stays flat however many subsets a pass holds; node versions are computed in pieces
-    of at most piece_elements (smaller pieces stay in cache). keep_batches (sparse method):
-    keep each prompt batch's subset-independent part between calls, for callers that ask
-    about a few subsets many times (verify's greedy reduction)."""
+    of at most piece_elements (smaller pieces stay in cache). Setting `kept = {}` (sparse
+    method) keeps each prompt batch's subset-independent part between calls, for callers that
+    ask about a few subsets many times (verify's greedy reduction); None stops it."""
 
     def __init__(self, model, graph, dataset, intervention="patching", *, means=None,
                  batch_size=32, method="auto", max_elements=2 ** 23, piece_elements=2 ** 21,
-                 max_subsets_per_pass=8192, keep_batches=False):
+                 max_subsets_per_pass=8192):
         if method not in METHODS:
             raise ValueError(f"method {method!r}; choose one of {METHODS}")
         self.model, self.graph, self.intervention, self.means = model, graph, intervention, means
@@ -98,7 +98,7 @@ class SubsetEvaluator:
         self.batch_size, self.max_elements = batch_size, max_elements
         self.piece_elements = min(piece_elements, max_elements)
         self.max_subsets_per_pass = max_subsets_per_pass
-        self.kept = {} if keep_batches else None  # first row of a batch -> its _Batch
+        self.kept = None  # or {}: first row of a prompt batch -> its _Batch, kept between calls
         self.edges = circuit_edges(graph)
         self.n_edges = len(self.edges)
         self.edge_names = [f"{graph.sender_names[s]}->{graph.receiver_names[r]}" for s, r in self.edges]
