@@ -27,6 +27,10 @@ class Node:
         return [self.sender]
 
     @property
+    def is_mlp(self):
+        return self.head is None
+
+    @property
     def members(self):
         return [self]
 
@@ -40,18 +44,16 @@ class HeadGroup:
     heads: dict                      # sender -> head index, for `senders`
     cone: list = field(default_factory=list)
     all_positions: bool = True
-    head = "group"                   # neither an MLP (None) nor one head
+    is_mlp = False
 
 
 def node_receivers(graph, s):
     """Sender s (a head or an MLP) -> (layer, head or None, the receivers it reads)."""
-    H = graph.n_heads
-    layer = (s - 1) // (H + 1)
-    if s == graph.mlp_sender(layer):
+    layer, h = graph.sender_position(s)
+    if h is None:
         return layer, None, [graph.mlp_receiver(layer)]
-    h = s - graph.head_sender(layer, 0)
     start = graph.attn_receivers(layer).start
-    return layer, h, [start + c * H + h for c in range(3)]
+    return layer, h, [start + c * graph.n_heads + h for c in range(3)]
 
 
 def plan(graph, edges, into, out_of, grouped_heads=False):
@@ -100,7 +102,7 @@ def plan(graph, edges, into, out_of, grouped_heads=False):
                 if reader is None:
                     continue  # the logits (last position) or a node whose output nobody reads
                 q = next(m.receivers[0] for m in reader.members if m.sender == reader_node)
-                kv = reader.head is not None and r != q  # keys and values: every position
+                kv = not reader.is_mlp and r != q  # keys and values: every position
                 if kv or reader.all_positions:
                     unit.all_positions = True
         for m in unit.members:

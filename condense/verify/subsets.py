@@ -37,7 +37,7 @@ from condense.evaluate import dataset_columns, row_batches
 from condense.model_parts import affine_weight, split_heads_output
 from condense.patching import (at_least_fp32, attention_masks, checked_parts, resolve_node_mask,
                                ablated_values, decomposed_forward, normed_head_shares)
-from condense.verify.plan import plan, reads_last_only
+from condense.verify.plan import HeadGroup, plan, reads_last_only
 from condense.verify.versions import (at_last, matmul_versions, project_rows, sender_output,
                                       versions_of)
 
@@ -217,7 +217,7 @@ class SubsetEvaluator:
         rotary = parts.rotary_tables(like.new_zeros(1, T, parts.shape.d_model), T)
         heads_out = {}
         for unit in self.units:
-            if unit.head == "group":
+            if isinstance(unit, HeadGroup):
                 z = empty_run.z[unit.layer].expand(B, T, -1, -1)
                 heads_out[unit.layer] = split_heads_output(parts.layers[unit.layer].o_proj, z)
         return _Batch(last, answer, distractor, base, fixed_diff, ablated_out, masks, rotary, node_mix,
@@ -261,11 +261,11 @@ class SubsetEvaluator:
             # read at the last position only still has keys and values at every position)
             if unit.all_positions:
                 per_version = B * T * max(shape.d_model, shape.d_mlp, T)
-            elif unit.head is not None:
+            elif not unit.is_mlp:
                 per_version = B * max(T * shape.head_dim, shape.d_model)
             else:
                 per_version = B * shape.d_mlp
-            if unit.head == "group":  # every head of the layer at once
+            if isinstance(unit, HeadGroup):  # every head of the layer at once
                 per_version *= shape.n_heads + 1
             step = max(1, self.piece_elements // per_version)
             pieces = [self._unit_outputs(batch, unit, rep[i:i + step], masks, weights, versions)
@@ -341,7 +341,7 @@ class SubsetEvaluator:
         `rows`. A HeadGroup recomputes its members, takes every other head of the layer as it
         is with every edge off, and splits the normalised sum into per-head shares as the
         patched forward does (patching.normed_head_shares)."""
-        if unit.head != "group":
+        if not isinstance(unit, HeadGroup):
             return {unit.sender: self._node_output(batch, unit, rows, masks, weights, versions)}
         out, const = batch.heads_out[unit.layer]                    # [B, T, H, D]
         if not unit.all_positions:
