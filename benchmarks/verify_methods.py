@@ -35,11 +35,15 @@ def main(argv=None):
 
     from condense import tasks
     from condense.artifacts import command_line, write_json
+    from condense.config import RecipeError
     from condense.runs import read_run
     from condense.verify.local import local_masks
     from condense.verify.subsets import SubsetEvaluator
 
-    run = read_run(args.run, "verify")
+    try:
+        run = read_run(args.run, "verify")
+    except (FileNotFoundError, RecipeError) as e:
+        raise SystemExit(str(e)) from None
     net, tokenizer, _ = run.load_model(None, None, None, args.threads, "as run")
     cfg = run.config
     rows = tasks.load_task(cfg.task, tokenizer, "test", n=args.n, seed=cfg.seed)
