@@ -94,3 +94,20 @@ def test_greedy_subset_passes_and_no_edge_can_leave_it():
         skipped, _, _ = verify_circuit(model, g, rows, batch_size=batch, threshold=threshold,
                                        local=True, reduce=False)
         assert "greedy_subset" not in skipped
+
+
+def test_progress_counts_each_pass_from_its_own_start():
+    import io
+
+    from condense.verify.run import Progress
+    times = iter([0.0, 100.0, 110.0, 111.0, 112.0])   # construction, then one per call
+    out = io.StringIO()
+    show = Progress("verify", every=0.0, stream=out, clock=lambda: next(times))
+    show(50, 100)    # 50 in 100 s
+    show(100, 100)   # pass 1 done at t = 110
+    show(10, 200)    # pass 2: 10 in the 1 s since pass 1 ended, not since construction
+    show(20, 200)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("(50.0 %), 0/s, 100s left")
+    assert lines[2].endswith("(5.0 %), 10/s, 19s left")
+    assert lines[3].endswith("(10.0 %), 10/s, 18s left")

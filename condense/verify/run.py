@@ -445,14 +445,20 @@ if __name__ == "__main__":
 
 
 class Progress:
-    """progress(done, total) printer: at most every `every` seconds, with rate and ETA."""
+    """progress(done, total) printer: at most every `every` seconds, with rate and ETA. A count
+    that goes back or a new total starts a new pass (verify's greedy reduction makes many),
+    whose rate counts from the previous pass's last call."""
 
-    def __init__(self, label, every=10.0, stream=None):
-        self.label, self.every, self.stream = label, every, stream or sys.stderr
-        self.start = self.shown = time.perf_counter()
+    def __init__(self, label, every=10.0, stream=None, clock=time.perf_counter):
+        self.label, self.every, self.stream, self.clock = label, every, stream or sys.stderr, clock
+        self.start = self.shown = self.last = clock()
+        self.done, self.total = 0, None
 
     def __call__(self, done, total):
-        now = time.perf_counter()
+        now = self.clock()
+        if done < self.done or total != self.total:
+            self.start = self.last
+        self.done, self.total, self.last = done, total, now
         if now - self.shown < self.every and done < total:
             return
         self.shown = now
