@@ -49,7 +49,7 @@ from condense import tasks
 from condense.attribute import attribute
 from condense.artifacts import command_line, read_json, read_output, write_json
 from condense.methods.edge_pruning import HAPConfig, search
-from condense.methods.edge_pruning.search import candidate_count, hap_schedule
+from condense.methods.edge_pruning.search import hap_schedule, hap_start_sparsity
 from condense.evaluate import evaluate, reference_outputs
 from condense.config import RecipeError
 from condense.graph import Graph
@@ -130,8 +130,8 @@ def bench_task(model, tokenizer, task, args):
                                           progress=args.progress), {})
 
     if args.control_only:
-        # HAP's step count without running HAP: its start sparsity is its candidate share
-        hap_steps, _ = hap_schedule(cfg, 1.0 - candidate_count(cfg, n_edges) / n_edges)
+        # HAP's step count without running HAP (its schedule needs only the candidate count)
+        hap_steps, _ = hap_schedule(cfg, hap_start_sparsity(cfg, n_edges))
         add_control(hap_steps)
         print(f"  {task}: the control only, Edge Pruning for HAP's {hap_steps} steps", flush=True)
         return results, dict(task=task, seed=args.seed, control_only=True, control_steps=hap_steps)

@@ -99,12 +99,12 @@ from condense.methods.edge_pruning.masks import (
     hard_concrete, keep_probability, lagrangian, sample_uniform)
 from condense.methods.edge_pruning.search import (
     LOG_ALPHA_BOUND, candidate_count, ep_schedule, full_logprobs, hap_candidates, hap_schedule,
-    kl_last, search, target_at, train_masks)
+    hap_start_sparsity, kl_last, search, target_at, train_masks)
 from condense.methods.edge_pruning.method import (  # registers edge_pruning, hap
     EdgePruningConfig, HAPConfig, plot_training, run)
 
 __all__ = ["EPS", "INIT_STD", "LIMIT_LEFT", "LIMIT_RIGHT", "TEMPERATURE", "EdgeMasks",
            "deterministic_mask", "hard_concrete", "keep_probability", "lagrangian", "sample_uniform",
            "LOG_ALPHA_BOUND", "candidate_count", "ep_schedule", "full_logprobs", "hap_candidates",
-           "hap_schedule", "kl_last", "search", "target_at", "train_masks", "EdgePruningConfig",
-           "HAPConfig", "plot_training", "run"]
+           "hap_schedule", "hap_start_sparsity", "kl_last", "search", "target_at", "train_masks",
+           "EdgePruningConfig", "HAPConfig", "plot_training", "run"]

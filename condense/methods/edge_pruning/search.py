@@ -116,6 +116,11 @@ def candidate_count(cfg, n_edges):
     return max(1, min(n_edges, round(cfg.hap_candidate_fraction * n_edges)))
 
 
+def hap_start_sparsity(cfg, n_edges):
+    """HAP's sparsity before its first step: every edge outside its candidates is off."""
+    return 1.0 - candidate_count(cfg, n_edges) / n_edges
+
+
 def hap_candidates(model, graph, rows, cfg, means=None, progress=True):
     """Bool [S, R]: the top edges by |attribution score| (graph.scores is filled)."""
     from condense.attribute import attribute
@@ -146,7 +151,7 @@ def search(model, rows, cfg, hap=False, means=None, progress=True):
     gen = torch.Generator().manual_seed(int(cfg.seed) + 2)
     masks = EdgeMasks(graph, candidates, init=cfg.ep_init_log_alpha, generator=gen,
                       device=next(model.parameters()).device)
-    start_sparsity = 1.0 - masks.n_trainable / n_edges if hap else 0.0
+    start_sparsity = hap_start_sparsity(cfg, n_edges) if hap else 0.0
     steps, ramp = hap_schedule(cfg, start_sparsity) if hap else ep_schedule(cfg)
     t0 = time.perf_counter()
     history, lambdas = train_masks(model, graph, masks, rows, target_logp, cfg, steps=steps,
