@@ -78,13 +78,6 @@ class Graph:
     def mlp_sender(self, layer):
         return 1 + layer * (self.n_heads + 1) + self.n_heads
 
-    def sender_position(self, sender):
-        """(layer, head) of a head sender, (layer, None) of an MLP; the input has no layer."""
-        if not 0 < sender < self.n_senders:
-            raise ValueError(f"sender {sender} is not a head or an MLP (1..{self.n_senders - 1})")
-        layer, offset = divmod(sender - 1, self.n_heads + 1)
-        return layer, (offset if offset < self.n_heads else None)
-
     def attn_senders(self, layer):
         return slice(self.head_sender(layer, 0), self.mlp_sender(layer))
 

@@ -34,12 +34,10 @@ def test_gpt2_small_counts_and_names():
     e = g.edges["a0.h1->m0"]
     assert (e.parent.name, e.child.name, e.qkv, e.in_graph) == ("a0.h1", "m0", None, True)
     assert g.edges["m2->a3.h4<k>"].qkv == "k"
-    for s in range(1, g.n_senders):  # sender_position inverts head_sender / mlp_sender
-        layer, head = g.sender_position(s)
-        assert g.sender_names[s] == (f"m{layer}" if head is None else f"a{layer}.h{head}")
-    for bad in (0, g.n_senders):
-        with pytest.raises(ValueError, match="not a head or an MLP"):
-            g.sender_position(bad)
+    for s in range(1, g.n_senders):  # a sender's node view inverts head_sender / mlp_sender
+        node = g.nodes[g.sender_names[s]]
+        assert s == (g.mlp_sender(node.layer) if node.head is None
+                     else g.head_sender(node.layer, node.head))
 
 
 def test_count_formula_with_gqa():

@@ -4,6 +4,7 @@ for a reducible circuit a greedy reduction to a passing subset from which no edg
 import torch
 
 from condense.verify.pairs import _median, judge, pair_interactions
+from condense.verify.subsets import subset_masks
 
 
 def local_masks(n):
@@ -92,7 +93,6 @@ def smallest_within(evaluate, kept, passes):
     it would be smaller), and `kept` itself is minimal when no proper subset passes. Returns
     (mask [n] of a smallest passing subset, the most faithful of that size; whether `kept` is
     minimal; subsets evaluated). evaluate and passes as in greedy_reduction."""
-    from condense.verify.subsets import subset_masks
     on = kept.nonzero().flatten()
     k = len(on)
     inside = subset_masks(torch.arange(2 ** k), k)                     # [2^k, k]

@@ -49,7 +49,8 @@ class HeadGroup:
 
 def node_receivers(graph, s):
     """Sender s (a head or an MLP) -> (layer, head or None, the receivers it reads)."""
-    layer, h = graph.sender_position(s)
+    node = graph.nodes[graph.sender_names[s]]  # sender s is node s
+    layer, h = node.layer, node.head
     if h is None:
         return layer, None, [graph.mlp_receiver(layer)]
     start = graph.attn_receivers(layer).start
