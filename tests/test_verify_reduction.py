@@ -111,3 +111,19 @@ def test_progress_counts_each_pass_from_its_own_start():
     assert lines[0].endswith("(50.0 %), 0/s, 100s left")
     assert lines[2].endswith("(5.0 %), 10/s, 19s left")
     assert lines[3].endswith("(10.0 %), 10/s, 18s left")
+
+
+def test_report_summary_puts_the_reductions_after_the_verdict_and_before_the_pairs():
+    from condense.verify.verdict import summary_items
+    local = dict(mode="local", criterion="accuracy", irreducible=False, one_minimal=True,
+                 n_edges=4, removable_edges=["a", "b"], greedy_subset=["c", "d"],
+                 minimal_subset=["c"], n_interacting_pairs=1, pairs=[{}, {}])
+    labels = [k for k, _ in summary_items(local)]
+    assert labels.index("1-minimal (no edge or pair can go)") + 1 == labels.index(
+        "edges that can go one at a time")
+    assert labels.index("edges that can go one at a time") < labels.index(
+        "a minimal passing subset (every subset of the greedy one checked)") < labels.index(
+        "interacting pairs")
+    assert dict(summary_items(local))["greedy reduction (passes, no edge can leave it)"] == "2 edges: c, d"
+    full = [k for k, _ in summary_items(dict(criterion="f", n_minimal_faithful_subsets=2))]
+    assert full[4:6] == ["minimal faithful subsets", "interacting pairs"]

@@ -21,22 +21,22 @@ def irreducibility_words(irreducible: Optional[bool], local: bool = False, brief
 def summary_items(verify: dict) -> list:
     """(label, value) rows that summarise a verify.json for the report page."""
     local = verify.get("mode") == "local"  # one- and two-edge removals only
-    items = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
-             ("circuit passes it", verify.get("circuit_faithful")),
-             ("irreducible", irreducibility_words(verify.get("irreducible"), local)),
-             ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
-              verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets")),
-             ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
-             ("median partners", verify.get("partners_median")),
-             ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]
-    extra = []
+    verdict = [("criterion", verify.get("criterion")), ("judged against", verify.get("reference")),
+               ("circuit passes it", verify.get("circuit_faithful")),
+               ("irreducible", irreducibility_words(verify.get("irreducible"), local)),
+               ("1-minimal (no edge or pair can go)" if local else "minimal faithful subsets",
+                verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets"))]
+    reductions = []  # what the local check and the greedy reduction found, beside the verdict
     if local and verify.get("removable_edges") is not None:
-        extra.append(("edges that can go one at a time",
-                      f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"))
+        reductions.append(("edges that can go one at a time",
+                           f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"))
     for key, label in (("greedy_subset", "greedy reduction (passes, no edge can leave it)"),
                        ("minimal_subset", "a minimal passing subset (every subset of the greedy "
                                           "one checked)")):
         if verify.get(key):
-            extra.append((label, f"{len(verify[key])} edges: {', '.join(verify[key])}"))
-    items[5:5] = extra
-    return items
+            reductions.append((label, f"{len(verify[key])} edges: {', '.join(verify[key])}"))
+    interactions = [
+        ("interacting pairs", f"{verify.get('n_interacting_pairs')}/{len(verify.get('pairs') or [])}"),
+        ("median partners", verify.get("partners_median")),
+        ("rows", verify.get("n_rows")), ("base quantization", verify.get("quantization"))]
+    return verdict + reductions + interactions
