@@ -10,9 +10,10 @@ original model's last-position distribution (the base with the adapter off, ever
 the circuit's (adapter on, pruned edges ablated as the run ablated them). Reports top-1
 agreement overall and split by the original's top-1 probability (>= 0.3, >= 0.5 and below),
 by template (seen in training or held out, where the task has both), what the disagreeing
-top-1 tokens are (the answer, the distractor, another token) for each
-side, and on the disagreeing rows the original's top-1 probability and the circuit's
-probability of that token. The same top-1 agreement as metrics.json's on the same rows.
+top-1 tokens are (the answer, the distractor, another token) for each side, how often the
+circuit makes the original's choice between the answer and the distractor (`choice_agreement`:
+the task's decision, whatever token is on top), and on the disagreeing rows the original's
+top-1 probability and the circuit's probability of that token. The same top-1 agreement as metrics.json's on the same rows.
 `--quantized 4bit|8bit`: also the top-1 agreement of the original model quantized that way with
 the full-precision original, on each run's rows: how far the next token moves under a change
 of the weights that nobody would call a different model.
@@ -94,6 +95,9 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     p_orig, p_circ = original.softmax(-1), circuit.softmax(-1)
     top_orig, top_circ = original.argmax(-1), circuit.argmax(-1)
     agree = top_orig == top_circ
+    # the task's own decision: is the answer above the distractor, in both or in neither
+    prefers = lambda lg: lg.gather(1, answer[:, None]) > lg.gather(1, distractor[:, None])
+    same_choice = (prefers(original) == prefers(circuit)).flatten()
     sure = p_orig.max(-1).values
     cat_orig = _categories(top_orig, answer, distractor)
     cat_circ = _categories(top_circ, answer, distractor)
@@ -111,6 +115,7 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     return dict(
         task=cfg.task, n_rows=n, edges=graph.count_edges(),
         top1_agreement=float(agree.float().mean()), kl=float(kl.mean()),
+        choice_agreement=float(same_choice.float().mean()),
         accuracy=_accuracy(circuit, answer, distractor),
         by_original_confidence=by_confidence,
         by_template=by_template,
@@ -194,7 +199,8 @@ def main(argv=None):
         print(f"{os.path.basename(os.path.normpath(r['run_dir']))}: {r['edges']} edges"
               + (f" (top-{r['n_requested']})" if r["n_requested"] is not None else "")
               + f", accuracy {r['accuracy']:.3f}, KL {r['kl']:.3f}, top-1 agreement "
-              f"{r['top1_agreement']:.3f}; original sure (p >= 0.5) on {conf['>=0.5']['rows']} rows: "
+              f"{r['top1_agreement']:.3f}, answer-or-distractor agreement "
+              f"{r['choice_agreement']:.3f}; original sure (p >= 0.5) on {conf['>=0.5']['rows']} rows: "
               f"{conf['>=0.5']['agreement']:.3f}, unsure on {conf['<0.5']['rows']}: "
               f"{conf['<0.5']['agreement']:.3f}; "
               + "".join(f"{part} templates ({t['rows']} rows) {t['agreement']:.3f}; "

@@ -116,9 +116,10 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     of lists with clean_ids, corrupted_ids, answer_id, distractor_id).
 
     Returns logit_diff, accuracy, top1, kl, faithfulness, top1_agreement (the circuit's top
-    token is the full model's) of the circuit, logit_diff_full, accuracy_full, top1_full,
-    logit_diff_empty, accuracy_empty, n; per_row=True adds per-row
-    tensors. The model is evaluated in eval mode (its mode is restored afterwards)."""
+    token is the full model's), choice_agreement (the circuit puts the answer above the
+    distractor on the rows where the full model does, and below it on the others) of the
+    circuit, logit_diff_full, accuracy_full, top1_full, logit_diff_empty, accuracy_empty, n;
+    per_row=True adds per-row tensors. The model is evaluated in eval mode (its mode is restored afterwards)."""
     if reference is None:
         reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
     elif reference.intervention != intervention:
@@ -148,6 +149,7 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
         logit_diff=ld.mean().item(), accuracy=(ld > 0).float().mean().item(),
         top1=top1.float().mean().item(), kl=kl.mean().item(),
         top1_agreement=agree.float().mean().item(),
+        choice_agreement=((ld > 0) == (ld_full > 0)).float().mean().item(),
         faithfulness=((ld.mean() - ld_empty.mean()) / denom).item() if denom.abs() > 1e-12 else math.nan,
         logit_diff_full=ld_full.mean().item(), accuracy_full=(ld_full > 0).float().mean().item(),
         top1_full=(reference.full_logits.argmax(-1) == answers).float().mean().item(),

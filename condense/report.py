@@ -168,6 +168,7 @@ HEADLINE = [  # (label, metrics key, the original model's key)
     ("faithfulness", "faithfulness", None),
     ("KL to the original", "kl", None),
     ("top-1 agreement", "top1_agreement", None),
+    ("answer-or-distractor agreement", "choice_agreement", None),
     ("perplexity ratio", "ppl_ratio", None),
 ]
 

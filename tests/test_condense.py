@@ -75,7 +75,7 @@ def test_run_writes_artifacts(full_run, tiny_model):
     assert rounds[0]["edges"] > rounds[-1]["edges"] == metrics["edges"]
     assert all(0 <= r["top1_agreement"] <= 1 for r in rounds)  # the gate's, on val
     for key in ("edges", "accuracy", "logit_diff", "faithfulness", "kl", "top1_agreement",
-                "ppl_ratio", "wall_seconds"):
+                "choice_agreement", "ppl_ratio", "wall_seconds"):
         assert key in metrics
     assert not [f for f in os.listdir(out) if f.endswith(".tmp") or f.startswith(".adapter-")]
 

@@ -64,7 +64,9 @@ def test_gate_reuses_only_what_its_adapter_and_circuit_decide(tiny_model, tmp_pa
     assert expected["a new"] != expected["a"]
 
 
-def test_evaluate_top1_agreement_is_the_full_models_top_token(tiny_model, tmp_path):
+def test_evaluate_agreements_with_the_full_model(tiny_model, tmp_path):
+    """top1_agreement: the circuit's top token is the full model's; choice_agreement: it orders
+    the answer and the distractor as the full model does."""
     from condense.metrics import pad_batch
     from condense.patching import run_graph
     model, cfg, rows, _, full = _setup(tiny_model, tmp_path)
@@ -77,7 +79,13 @@ def test_evaluate_top1_agreement_is_the_full_models_top_token(tiny_model, tmp_pa
         logits = run_graph(model, circuit, clean, corrupted, mask, logit_positions=lengths - 1)
     expected = (logits.argmax(-1) == ref.full_logits.argmax(-1)).float().mean().item()
     assert m["top1_agreement"] == pytest.approx(expected)
-    assert evaluation.evaluate(model, full, rows, batch_size=8, reference=ref)["top1_agreement"] == 1.0
+    answer = torch.tensor([int(a) for a in rows["answer_id"]])[:, None]
+    distractor = torch.tensor([int(d) for d in rows["distractor_id"]])[:, None]
+    prefers = [lg.float().gather(1, answer) > lg.float().gather(1, distractor)
+               for lg in (logits, ref.full_logits)]
+    assert m["choice_agreement"] == pytest.approx((prefers[0] == prefers[1]).float().mean().item())
+    whole = evaluation.evaluate(model, full, rows, batch_size=8, reference=ref)
+    assert whole["top1_agreement"] == whole["choice_agreement"] == 1.0
 
 
 @pytest.mark.parametrize("heal_dtype", [None, "bfloat16"])

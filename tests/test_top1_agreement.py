@@ -21,4 +21,8 @@ def test_top_n_cuts_of_a_scoring_run(tmp_path, top1_agreement):
     # every edge on is the original itself
     assert full["edges"] == m["total_edges"]
     assert full["top1_agreement"] == 1.0 and abs(full["kl"]) < 1e-5
+    assert full["choice_agreement"] == 1.0
+    # the circuit's choice differs from the original's on at least the rows where exactly one
+    # of the two gets the answer right
+    assert 1 - own["choice_agreement"] >= abs(own["accuracy"] - full["accuracy"]) - 1e-6
     assert full["accuracy"] == pytest.approx(m["accuracy_full"])
