@@ -30,10 +30,14 @@ from collections.abc import Iterator
 import torch
 
 
+def _prefers_answer(logits, answer, distractor) -> torch.Tensor:
+    """[rows] bool: the answer token's logit is above the distractor's."""
+    return (logits.gather(1, answer[:, None]) > logits.gather(1, distractor[:, None])).flatten()
+
+
 def _accuracy(logits, answer, distractor) -> float:
     """Fraction of rows whose answer token's logit is above the distractor's."""
-    return float((logits.gather(1, answer[:, None]) > logits.gather(1, distractor[:, None]))
-                 .float().mean())
+    return float(_prefers_answer(logits, answer, distractor).float().mean())
 
 
 def _categories(top, answer, distractor):
@@ -96,8 +100,8 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     top_orig, top_circ = original.argmax(-1), circuit.argmax(-1)
     agree = top_orig == top_circ
     # the task's own decision: is the answer above the distractor, in both or in neither
-    prefers = lambda lg: lg.gather(1, answer[:, None]) > lg.gather(1, distractor[:, None])
-    same_choice = (prefers(original) == prefers(circuit)).flatten()
+    same_choice = (_prefers_answer(original, answer, distractor)
+                   == _prefers_answer(circuit, answer, distractor))
     sure = p_orig.max(-1).values
     cat_orig = _categories(top_orig, answer, distractor)
     cat_circ = _categories(top_circ, answer, distractor)
