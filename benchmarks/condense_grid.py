@@ -143,7 +143,9 @@ def row_of(out, task, seed, max_verify, model=DEFAULT_MODEL):
                **{f"{v}_edges": (m["edges"] if m else None) for v, m in runs.items()})
     if c1:
         row.update(accuracy=c1["accuracy"], accuracy_original=c1["accuracy_original"],
-                   kl=c1["kl"], top1_agreement=c1["top1_agreement"], ppl_ratio=c1["ppl_ratio"],
+                   kl=c1["kl"], top1_agreement=c1["top1_agreement"],
+                   choice_agreement=c1.get("choice_agreement"),  # runs before it was measured: none
+                   ppl_ratio=c1["ppl_ratio"],
                    faithfulness=c1["faithfulness"],
                    # all rounds across resumes (older runs: this process's wall time only)
                    wall_seconds=c1.get("rounds_seconds", c1["wall_seconds"]),
@@ -171,7 +173,7 @@ def markdown(rows, summary):
     def f(x, spec=".3f"):
         return "–" if x is None else format(x, spec)
     lines = ["| task | seed | EAP-IG | C1 | C0 | heal-only | EAP-IG / C1 | C0 / C1 | accuracy (original) "
-             "| KL | top-1 agr. | ppl ratio | verify | C1 rounds' wall |", "|" + "---|" * 14]
+             "| KL | top-1 agr. | choice agr. | ppl ratio | verify | C1 rounds' wall |", "|" + "---|" * 15]
     for r in rows:
         ver = "–"
         if r.get("verified"):
@@ -184,7 +186,8 @@ def markdown(rows, summary):
                      f"| {f(r.get('c1_edges'), 'd')} | {f(r.get('c0_edges'), 'd')} "
                      f"| {f(r.get('heal_only_edges'), 'd')} | {f(r.get('eap_ig_over_c1'), '.1f')} | {f(c0c1, '.2f')} | "
                      f"{f(r.get('accuracy'))} ({f(r.get('accuracy_original'))}) | {f(r.get('kl'))} | "
-                     f"{f(r.get('top1_agreement'))} | {f(r.get('ppl_ratio'))} | {ver} | "
+                     f"{f(r.get('top1_agreement'))} | {f(r.get('choice_agreement'))} | "
+                     f"{f(r.get('ppl_ratio'))} | {ver} | "
                      f"{f((r.get('wall_seconds') or 0) / 60, '.0f')} min |")
     lines += ["", f"Geometric mean EAP-IG / C1: {f(summary['eap_ig_over_c1'], '.2f')}x (paper: "
               f"{PAPER['eap_ig_over_c1']}x); EAP-IG / C0: {f(summary['eap_ig_over_c0'], '.2f')}x "

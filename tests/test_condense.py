@@ -456,6 +456,10 @@ def test_grid_means_weigh_each_task_once(condense_grid):
     assert abs(summary["tasks_weighted_equally"]["eap_ig_over_c0"] - 2.0) < 1e-9
     assert "Each task weighed once" in grid.markdown(rows, summary)
     assert "Each task weighed once" not in grid.markdown(rows[:3], grid.summarize(rows[:3]))
+    # every row has the header's cells, choice agreement given or not (older runs lack it)
+    rows[0].update(top1_agreement=0.875, choice_agreement=0.98)
+    table = [ln for ln in grid.markdown(rows, summary).splitlines() if ln.startswith("|")]
+    assert len({ln.count("|") for ln in table}) == 1 and "| 0.875 | 0.980 |" in table[2]
 
 
 def test_grid_combine_refuses_a_file_it_did_not_write(condense_grid, tmp_path, capsys):
