@@ -13,7 +13,8 @@ by template (seen in training or held out, where the task has both), what the di
 top-1 tokens are (the answer, the distractor, another token) for each side, how often the
 circuit makes the original's choice between the answer and the distractor (`choice_agreement`:
 the task's decision, whatever token is on top), and on the disagreeing rows the original's
-top-1 probability and the circuit's probability of that token. The same top-1 agreement as metrics.json's on the same rows.
+top-1 probability and the circuit's probability of that token. The same top-1 agreement as
+metrics.json's on the same rows.
 `--quantized 4bit|8bit`: also the top-1 agreement of the original model quantized that way with
 the full-precision original, on each run's rows: how far the next token moves under a change
 of the weights that nobody would call a different model.

@@ -119,7 +119,8 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
     token is the full model's), choice_agreement (the circuit puts the answer above the
     distractor on the rows where the full model does, and below it on the others) of the
     circuit, logit_diff_full, accuracy_full, top1_full, logit_diff_empty, accuracy_empty, n;
-    per_row=True adds per-row tensors. The model is evaluated in eval mode (its mode is restored afterwards)."""
+    per_row=True adds per-row tensors. The model is evaluated in eval mode (its mode is
+    restored afterwards)."""
     if reference is None:
         reference = reference_outputs(model, graph, dataset, intervention, batch_size, means)
     elif reference.intervention != intervention:
