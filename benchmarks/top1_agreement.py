@@ -31,16 +31,6 @@ from collections.abc import Iterator
 import torch
 
 
-def _prefers_answer(logits, answer, distractor) -> torch.Tensor:
-    """[rows] bool: the answer token's logit is above the distractor's."""
-    return (logits.gather(1, answer[:, None]) > logits.gather(1, distractor[:, None])).flatten()
-
-
-def _accuracy(logits, answer, distractor) -> float:
-    """Fraction of rows whose answer token's logit is above the distractor's."""
-    return float(_prefers_answer(logits, answer, distractor).float().mean())
-
-
 def _categories(top, answer, distractor):
     return ["answer" if t == a else "distractor" if t == d else "other"
             for t, a, d in zip(top.tolist(), answer.tolist(), distractor.tolist())]
@@ -82,7 +72,7 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     """The circuit's last-position logits on `rows` against the original's (`original`)."""
     from condense import tasks
     from condense.evaluate import dataset_columns
-    from condense.metrics import kl_rows, pad_batch
+    from condense.metrics import kl_rows, logit_diff_stats, pad_batch
     from condense.patching import run_graph
 
     cols, n = dataset_columns(rows)
@@ -101,8 +91,8 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
     top_orig, top_circ = original.argmax(-1), circuit.argmax(-1)
     agree = top_orig == top_circ
     # the task's own decision: is the answer above the distractor, in both or in neither
-    same_choice = (_prefers_answer(original, answer, distractor)
-                   == _prefers_answer(circuit, answer, distractor))
+    ld_orig, ld_circ = (logit_diff_stats(x, cols)["per_row"] for x in (original, circuit))
+    same_choice = (ld_orig > 0) == (ld_circ > 0)
     sure = p_orig.max(-1).values
     cat_orig = _categories(top_orig, answer, distractor)
     cat_circ = _categories(top_circ, answer, distractor)
@@ -121,7 +111,7 @@ def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> 
         task=cfg.task, n_rows=n, edges=graph.count_edges(),
         top1_agreement=float(agree.float().mean()), kl=float(kl.mean()),
         choice_agreement=float(same_choice.float().mean()),
-        accuracy=_accuracy(circuit, answer, distractor),
+        accuracy=float((ld_circ > 0).float().mean()),
         by_original_confidence=by_confidence,
         by_template=by_template,
         original_top1=dict(collections.Counter(cat_orig)),
@@ -149,7 +139,7 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
     from condense import tasks
     from condense.evaluate import dataset_columns
     from condense.methods.condensation.healing import last_logprobs
-    from condense.metrics import kl_rows
+    from condense.metrics import kl_rows, logit_diff_stats
     from condense.models import load_model, load_tokenizer
     from condense.runtime import apply_thread_policy
     from condense.runs import read_run
@@ -167,12 +157,10 @@ def quantized_agreement(run_dir: str, quantization: str, n: int = 200, split: st
         del net
     full, quant = logp[None], logp[quantization]
     kl = kl_rows(full, quant)
-    answer = torch.tensor([int(a) for a in cols["answer_id"]])
-    distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
     return dict(task=cfg.task, model=cfg.model, quantization=quantization, n_rows=n,
                 top1_agreement=float((full.argmax(-1) == quant.argmax(-1)).float().mean()),
-                kl=float(kl.mean()), accuracy_full_precision=_accuracy(full, answer, distractor),
-                accuracy_quantized=_accuracy(quant, answer, distractor))
+                kl=float(kl.mean()), accuracy_full_precision=logit_diff_stats(full, cols)["accuracy"],
+                accuracy_quantized=logit_diff_stats(quant, cols)["accuracy"])
 
 
 def _sizes(value: str) -> list:
