@@ -88,6 +88,20 @@ def check_model(ap, model):
         ap.error(f"--model {model}: {e}")  # the error lists the named offline models
 
 
+def check_plan(ap, tasks, variants, model):
+    """Exit 2 naming the bad variant or task and the allowed ones: before hours of runs, not
+    in the middle of them."""
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {', '.join(bad)}; allowed: {', '.join(VARIANTS)}")
+    shipped = sorted(name[len("smollm2_"):-len(".yaml")]
+                     for name in os.listdir(os.path.join(ROOT, "recipes", "condense"))
+                     if name.startswith("smollm2_") and name.endswith(".yaml") and "_4bit" not in name)
+    bad = [t for t in tasks if not os.path.exists(recipe_of(t, model)[0])]
+    if bad:
+        ap.error(f"--tasks: no condensation recipe for {', '.join(bad)}; tasks with one: {', '.join(shipped)}")
+
+
 def tag_of(model):
     from condense.models import model_tag
     return model_tag(model)
@@ -292,13 +306,17 @@ def report(rows, args, command, **fields):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", default="ioi,agreement,induction,docstring")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--variants", default="c1,c0,heal_only")
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "condense_grid"))
-    ap.add_argument("--max-verify", type=int, default=20)
+    ap.add_argument("--tasks", default="ioi,agreement,induction,docstring",
+                    help="comma-separated tasks, each with a recipe under recipes/condense/")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds (the recipe's `seed`)")
+    ap.add_argument("--variants", default="c1,c0,heal_only",
+                    help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "condense_grid"),
+                    help="folder of the runs, <variant>_<task>_s<seed>/ each (finished runs are kept)")
+    ap.add_argument("--max-verify", type=int, default=20,
+                    help="verify every C1 with at most this many edges (condense verify --max-edges)")
     ap.add_argument("--keep", action="store_true", help="copy seed-0 C1 runs into checkpoints/")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write the rows, the means and the table here")
     ap.add_argument("--plot", metavar="PNG", help="draw every row's circuit sizes into this picture")
     ap.add_argument("--combine", nargs="+", metavar="JSON",
                     help="pool the rows of earlier --json outputs and print their table (no runs)")
@@ -312,7 +330,12 @@ def main(argv=None):
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         ap.error(f"--plot {args.plot}: no such folder")  # before hours of runs, not after
     tasks = [t for t in args.tasks.split(",") if t]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds}: comma-separated integers, e.g. 0,1,2")
+    if not args.combine:
+        check_plan(ap, tasks, [v for v in args.variants.split(",") if v], args.model)
     start = time.time()
     command = command_line("benchmarks/condense_grid.py", argv)
     if args.combine:

@@ -57,3 +57,15 @@ def test_gemma_recipes_are_smollm2s_with_the_model_and_heal_dtype_changed(conden
         theirs.pop("heal_dtype")
         assert ours.pop("output_dir") == theirs.pop("output_dir").replace("smollm2", "gemma3")
         assert ours == theirs, name
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--variants", "c1,c2"], "c2; allowed: c1, c0, heal_only"),
+    (["--tasks", "ioi,acronym"], "acronym; tasks with one: agreement, docstring, induction, ioi"),
+    (["--seeds", "0,one"], "--seeds 0,one"),
+])
+def test_grid_names_a_bad_plan_before_running(condense_grid, tmp_path, monkeypatch, capsys, argv, named):
+    monkeypatch.setattr(condense_grid, "run_one", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+    with pytest.raises(SystemExit) as e:
+        condense_grid.main([*argv, "--out", str(tmp_path)])
+    assert e.value.code == 2 and named in capsys.readouterr().err
