@@ -306,12 +306,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="organism", choices=MODELS,
                     help="which shipped recipes: recipes/s3martcirc/<model>_<task>.yaml")
-    ap.add_argument("--tasks", default="ioi,acronym")
+    ap.add_argument("--tasks", default="ioi,acronym", help="comma-separated tasks, each with its recipe")
     ap.add_argument("--baselines", default=None,
                     help="comma-separated (default: every baseline; on smollm2 and gemma3 exact "
                          "patching of the heads only instead of every node)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=os.path.join("runs", "s3martcirc_bench"))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--out", default=os.path.join("runs", "s3martcirc_bench"),
+                    help="folder of the runs, one per task")
     ap.add_argument("--json", default=None, help="write every number here")
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                     help="run nothing: pool earlier --json files (e.g. tasks run as separate "

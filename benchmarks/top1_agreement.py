@@ -172,16 +172,17 @@ def _sizes(value: str) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+")
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("runs", nargs="+", help="run folders (condensation, or a frozen scoring run)")
+    ap.add_argument("--n", type=int, default=200, help="rows of the split")
+    ap.add_argument("--split", default="test", choices=["train", "val", "test"],
+                    help="which task rows (the gate checks val)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--quantized", choices=["4bit", "8bit"], default=None,
                     help="also: the quantized original against the full-precision one per task")
     ap.add_argument("--top-n", type=_sizes, default=None,
                     help="comma-separated sizes: a frozen scoring run's ranking cut to each "
                          "top-n (then pruned), instead of its smallest faithful circuit")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write every run's numbers and breakdown here")
     args = ap.parse_args(argv)
     results = []
     for r in (r for run_dir in args.runs
