@@ -17,7 +17,7 @@ from condense.graph import Graph
 from condense.means import compute_means
 from condense.verify.subsets import SubsetEvaluator, subset_masks
 from condense.verify.analysis import analyse
-from condense.verify.run import CircuitTooLarge, main, verify_circuit, verify_run
+from condense.verify.run import CircuitTooLarge, check_size, main, verify_circuit, verify_run
 
 from .tiny import randomize_weights
 
@@ -269,6 +269,17 @@ def write_run(path, model_path, graph, task="ioi", adapter_model=None, method="e
                             faithfulness_threshold=0.9, seed=0, batch_size=4, **recipe), f)
     if adapter_model is not None:
         adapter_model.save_pretrained(path)
+
+
+def test_oversize_message_suggests_what_can_run():
+    with pytest.raises(CircuitTooLarge) as small:
+        check_size(24)  # within reach: a higher limit is suggested, with its exact cost
+    assert "--max-edges 24" in str(small.value) and "16,777,216 subsets" in str(small.value)
+    with pytest.raises(CircuitTooLarge) as large:
+        check_size(7076)  # 2^7076 is written as a power of ten, and no limit is suggested
+    text = str(large.value)
+    assert "about 10^2130 subsets, out of reach" in text and "--max-edges 7076" not in text
+    assert "--local" in text and "25,038,427 subsets" in text and len(text) < 500
 
 
 def test_oversize_circuit_refused_before_loading(tmp_path, capsys):

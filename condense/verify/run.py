@@ -64,15 +64,25 @@ class CircuitTooLarge(ValueError):
     """A circuit with more edges than exhaustive verification is allowed to enumerate."""
 
 
+# Beyond this many edges 2^n subsets (a billion at 30) are out of reach on any machine the
+# verifier runs on, so the error stops suggesting a higher --max-edges.
+ENUMERABLE_EDGES = 30
+
+
 def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
-    if n_edges > max_edges:
-        raise CircuitTooLarge(
-            f"the circuit has {n_edges} in-graph edges; exhaustive verification evaluates all "
-            f"2^n subsets and is limited to {max_edges} edges (--max-edges {max_edges}). Raise the "
-            f"limit with --max-edges {n_edges} (each edge doubles the work: 2^{n_edges} = "
-            f"{2 ** n_edges:,} subsets), verify a smaller circuit, or check it locally with "
-            f"--local (every one- and two-edge removal: {1 + n_edges + math.comb(n_edges, 2):,} "
-            f"subsets).")
+    if n_edges <= max_edges:
+        return
+    local = f"check it locally with --local (every one- and two-edge removal: " \
+            f"{1 + n_edges + math.comb(n_edges, 2):,} subsets)"
+    if n_edges <= ENUMERABLE_EDGES:
+        way_out = (f"Raise the limit with --max-edges {n_edges} (each edge doubles the work: "
+                   f"2^{n_edges} = {2 ** n_edges:,} subsets), verify a smaller circuit, or {local}.")
+    else:
+        way_out = (f"2^{n_edges} is about 10^{int(n_edges * math.log10(2))} subsets, out of reach: "
+                   f"verify a smaller circuit, or {local}.")
+    raise CircuitTooLarge(
+        f"the circuit has {n_edges} in-graph edges; exhaustive verification evaluates all "
+        f"2^n subsets and is limited to {max_edges} edges (--max-edges {max_edges}). {way_out}")
 
 
 def count_circuit_edges(path):
