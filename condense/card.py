@@ -380,11 +380,12 @@ def save_card(out, card, text, t0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Measure a causal LM on condense's tasks and "
-                                             "write its model card.")
+    ap = argparse.ArgumentParser(prog="condense card",
+                                 description="Measure a causal LM on condense's tasks and write its "
+                                             "model card.")
     ap.add_argument("model", help="a local folder, a named model (e.g. smollm2-135m) or a .gguf")
     ap.add_argument("--n", type=int, default=500, help="test prompts per task")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the task rows")
     ap.add_argument("--out", default=None,
                     help="card folder (default: the model folder; required for other models)")
     ap.add_argument("--ablation-rows", type=int, default=None,

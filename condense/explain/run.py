@@ -378,7 +378,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        prog="python -m condense.explain",
+        prog="condense explain",
         description="Explain the nodes of a run's circuit (WeightLens + CircuitLens); writes "
                     "explain.json and explain.md into the run folder.")
     ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")

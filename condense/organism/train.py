@@ -207,8 +207,8 @@ def train(cfg):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recipe", default="recipes/organism.yaml")
+    ap = argparse.ArgumentParser(prog="condense organism", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", default="recipes/organism.yaml", help="the organism's training recipe")
     ap.add_argument("--no-card", action="store_true", help="skip the model card evaluation")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides")
     args = ap.parse_args(argv)

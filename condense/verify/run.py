@@ -360,9 +360,10 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        prog="python -m condense.verify",
-        description="Exhaustive-subset and pairwise-ablation verification of a run's circuit.json "
-                    "; writes verify.json and pictures into the run folder.")
+        prog="condense verify",
+        description="Verify a run's circuit.json: every subset (is it irreducible?) and every pair "
+                    "(interactions), or with --local every one- and two-edge removal; writes "
+                    "verify.json and pictures into the run folder.")
     ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
     ap.add_argument("--max-edges", type=int, default=DEFAULT_MAX_EDGES,
                     help="largest circuit to enumerate (2^n subsets); default %(default)s")
