@@ -94,11 +94,10 @@ def check_plan(ap, tasks, variants, model):
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"--variants: unknown {', '.join(bad)}; allowed: {', '.join(VARIANTS)}")
-    shipped = sorted(name[len("smollm2_"):-len(".yaml")]
-                     for name in os.listdir(os.path.join(ROOT, "recipes", "condense"))
-                     if name.startswith("smollm2_") and name.endswith(".yaml") and "_4bit" not in name)
     bad = [t for t in tasks if not os.path.exists(recipe_of(t, model)[0])]
     if bad:
+        from condense.tasks import TASKS
+        shipped = sorted(t for t in TASKS if os.path.exists(recipe_of(t, model)[0]))
         ap.error(f"--tasks: no condensation recipe for {', '.join(bad)}; tasks with one: {', '.join(shipped)}")
 
 
