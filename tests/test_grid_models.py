@@ -39,8 +39,10 @@ def test_a_model_with_its_own_recipe_runs_it_and_others_override_smollm2s(conden
     assert recipe.endswith("smollm2_ioi.yaml") and keys == []
     recipe, keys = condense_grid.recipe_of("ioi", "gemma3-270m")
     assert recipe.endswith("gemma3_ioi.yaml") and keys == []
-    recipe, keys = condense_grid.recipe_of("agreement", "gemma3-270m")  # no Gemma recipe shipped
-    assert recipe.endswith("smollm2_agreement.yaml") and keys == ["model=gemma3-270m"]
+    recipe, keys = condense_grid.recipe_of("agreement", "gemma3-270m")
+    assert recipe.endswith("gemma3_agreement.yaml") and keys == []
+    recipe, keys = condense_grid.recipe_of("agreement", "Qwen/Qwen2.5-0.5B")  # no Qwen recipe shipped
+    assert recipe.endswith("smollm2_agreement.yaml") and keys == ["model=Qwen/Qwen2.5-0.5B"]
 
 
 def test_gemma_recipes_are_smollm2s_with_the_model_and_heal_dtype_changed(condense_grid):
@@ -48,7 +50,7 @@ def test_gemma_recipes_are_smollm2s_with_the_model_and_heal_dtype_changed(conden
     # Gemma recipes must stay exactly those runs
     folder = os.path.join(condense_grid.ROOT, "recipes", "condense")
     gemma = sorted(n for n in os.listdir(folder) if n.startswith("gemma3_"))
-    assert {"gemma3_ioi.yaml", "gemma3_docstring.yaml", "gemma3_induction.yaml"} <= set(gemma)
+    assert {f"gemma3_{t}.yaml" for t in ("ioi", "agreement", "docstring", "induction")} <= set(gemma)
     for name in gemma:
         ours = dataclasses.asdict(load_config(os.path.join(folder, name)))
         theirs = dataclasses.asdict(load_config(os.path.join(folder, name.replace("gemma3_", "smollm2_"))))
