@@ -90,12 +90,15 @@ def markdown(results, methods, total):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
-    ap.add_argument("--tasks", default=",".join(tasks.TASKS))
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"),
+                    help="model name or folder (default: checkpoints/organism)")
+    ap.add_argument("--tasks", default=",".join(tasks.TASKS), help="comma-separated tasks (default: all)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated attribution methods (default: all; eap always runs, first)")
     ap.add_argument("--n", type=int, default=64, help="rows per split")
-    ap.add_argument("--ig-steps", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--ig-steps", type=int, default=5,
+                    help="points per path (eap_ig_inputs, eap_ig_activations, eap_gp)")
+    ap.add_argument("--batch-size", type=int, default=16, help="rows per batch (ranking and evaluation)")
     ap.add_argument("--repeats", type=int, default=1, help="ranking time = min over this many runs")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 keeps time ratios steady on a shared machine, where "

@@ -53,12 +53,12 @@ def child(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--task", default="ioi")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    ap.add_argument("--task", default="ioi", help="task whose train rows make the batch")
+    ap.add_argument("--batch", type=int, default=16, help="rows in the one batch")
     ap.add_argument("--calls", type=int, default=3, help="calls of each method per process (the first warms up)")
     ap.add_argument("--repeats", type=int, default=2, help="processes per setting")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

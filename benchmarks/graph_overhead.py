@@ -133,7 +133,7 @@ def evaluate_cost(repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=20, help="timed rounds after a warm-up (median)")
     ap.add_argument("--json", default=None, help="also write the numbers here")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest)")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)

@@ -242,7 +242,7 @@ def aggregate_over_seeds(results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="ioi,induction")
+    ap.add_argument("--tasks", default="ioi,induction", help="comma-separated tasks")
     ap.add_argument("--steps", type=int, default=1000, help="Edge Pruning steps (ep_steps)")
     ap.add_argument("--batch-size", type=int, default=32,
                     help="rows per mask-training step (ep_batch_size)")
@@ -256,11 +256,11 @@ def main():
                     help="learning rate of the Lagrange multipliers (ep_lambda_lr)")
     ap.add_argument("--target", type=float, default=0.95, help="target sparsity (fraction removed)")
     ap.add_argument("--candidates", type=float, default=0.3, help="HAP candidate fraction")
-    ap.add_argument("--n-train", type=int, default=200)
-    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--n-train", type=int, default=200, help="train rows (the searches' data)")
+    ap.add_argument("--n-test", type=int, default=200, help="test rows (each circuit's evaluation)")
     ap.add_argument("--seeds", default="0",
                     help="comma-separated seeds (each: its own rows, gate noise and batches)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     control = ap.add_mutually_exclusive_group()
     control.add_argument("--no-control", dest="control", action="store_false",
                          help="skip Edge Pruning at HAP's step count")
@@ -269,7 +269,8 @@ def main():
                               "without --no-control makes), to pool with --no-control runs")
     ap.add_argument("--no-progress", dest="progress", action="store_false",
                     help="no progress bars (stderr) for the searches' steps and EAP's scoring")
-    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"),
+                    help="model name or folder (default: checkpoints/organism)")
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                     help="run nothing: pool the results of earlier --json files (e.g. seeds run "

@@ -33,13 +33,17 @@ def circuit_file(kind, task):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tasks", default="ioi,docstring")
-    ap.add_argument("--circuits", default="eap_ig,c1")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    ap.add_argument("--tasks", default="ioi,docstring",
+                    help="comma-separated tasks, each with recipes/condense/smollm2_<task>.yaml")
+    ap.add_argument("--circuits", default="eap_ig,c1",
+                    help="comma-separated: eap_ig (the frozen EAP-IG circuit), c1 (the shipped condensed "
+                         "one)")
+    ap.add_argument("--steps", type=int, default=6, help="heal steps per run")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of each dtype, alternating (seconds per step: their median)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 

@@ -166,8 +166,8 @@ def main(argv=None):
                          "(default: the recipe's seed)")
     ap.add_argument("--steps", type=int, default=None, help="default: the recipe's final_heal_steps")
     ap.add_argument("--rows", type=int, default=None, help="default: the recipe's final_heal_rows")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON (after every heal)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 

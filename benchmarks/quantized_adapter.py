@@ -42,10 +42,12 @@ def score(run_dir: str, quantization, n: int, threads: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+")
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default="benchmarks/results/quantized_adapter.json")
+    ap.add_argument("runs", nargs="+", help="condensation run folders (circuit.json, adapter, recipe.yaml)")
+    ap.add_argument("--n", type=int, default=200, help="test rows per run and base")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--json", default="benchmarks/results/quantized_adapter.json",
+                    help="write the results here as JSON "
+                         "(default: benchmarks/results/quantized_adapter.json)")
     args = ap.parse_args()
     results = []
     for run_dir in args.runs:

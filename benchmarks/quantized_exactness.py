@@ -70,9 +70,11 @@ def measure(model_name, quantization, pinned, rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="checkpoints/organism")
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--json", default="benchmarks/results/quantized_exactness.json")
+    ap.add_argument("--model", default="checkpoints/organism", help="model name or folder")
+    ap.add_argument("--rows", type=int, default=16, help="IOI test rows (one batch)")
+    ap.add_argument("--json", default="benchmarks/results/quantized_exactness.json",
+                    help="write the results here as JSON "
+                         "(default: benchmarks/results/quantized_exactness.json)")
     args = ap.parse_args()
     rows = tasks.load_task("ioi", load_tokenizer(args.model), "test", n=args.rows, seed=0)
     results = []

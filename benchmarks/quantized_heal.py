@@ -131,11 +131,14 @@ def heal_needs(r: dict) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--circuit", default="checkpoints/condense_smollm2_ioi_fp32/circuit.json")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default="benchmarks/results/quantized_heal.json")
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    ap.add_argument("--circuit", default="checkpoints/condense_smollm2_ioi_fp32/circuit.json",
+                    help="circuit.json to heal over "
+                         "(default: checkpoints/condense_smollm2_ioi_fp32/circuit.json)")
+    ap.add_argument("--steps", type=int, default=4, help="timed heal steps per base after a warm-up (median)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per subprocess")
+    ap.add_argument("--json", default="benchmarks/results/quantized_heal.json",
+                    help="write the results here as JSON (default: benchmarks/results/quantized_heal.json)")
     ap.add_argument("--base", choices=BASES, help=argparse.SUPPRESS)  # one subprocess's base
     args = ap.parse_args()
     if args.base:

@@ -134,11 +134,11 @@ def one_peak(args, which):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--task", default="ioi")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    ap.add_argument("--task", default="ioi", help="task whose train rows make the batch")
+    ap.add_argument("--batch", type=int, default=16, help="rows in the one batch")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds after a warm-up (median)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--peak", help=argparse.SUPPRESS)

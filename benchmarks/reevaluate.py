@@ -56,9 +56,10 @@ def reevaluate(run_dir: str, threads: int = 1) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("runs", nargs="+",
+                    help="run folders (circuit.json, recipe.yaml, metrics.json; an adapter if healed)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON")
     args = ap.parse_args(argv)
     rows = []
     for run_dir in args.runs:

@@ -40,11 +40,13 @@ def kept_heads(path, model):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--roles", default=os.path.join("runs", "s3martcirc_bench_smollm2", "ioi",
-                                                    "roles.json"))
+                                                    "roles.json"),
+                    help="roles.json of an S3martCirc run (default: runs/s3martcirc_bench_smollm2/ioi/"
+                         "roles.json)")
     ap.add_argument("--circuit", action="append", metavar="NAME=PATH",
                     help="an edge circuit (MIB JSON, .gz read too); repeatable")
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder the circuits belong to")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON")
     args = ap.parse_args(argv)
     circuits = args.circuit or [
         "EAP-IG=" + os.path.join(ROOT, "checkpoints", "eap_ig_smollm2_ioi", "circuit.json.gz"),

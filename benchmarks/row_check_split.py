@@ -83,8 +83,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="scoring run folders (circuit.json with scores)")
     ap.add_argument("--val", default="64,256", help="comma-separated val row counts")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON")
     args = ap.parse_args(argv)
     try:
         val_rows = [int(v) for v in args.val.split(",") if v.strip()]

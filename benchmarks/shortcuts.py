@@ -47,10 +47,13 @@ def run(task, variant, overrides, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", default="ioi")
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "shortcuts"))
+    ap.add_argument("--tasks", default="ioi",
+                    help="comma-separated tasks, each with recipes/condense/organism_<task>.yaml")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "shortcuts"),
+                    help="folder for the runs (<variant>_<task>); finished ones are not rerun "
+                         "(default: runs/shortcuts)")
     ap.add_argument("--shortcuts", default=SHORTCUTS, help="the overrides of the fast run")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="also write the results here as JSON")
     args = ap.parse_args(argv)
     rows = []
     for task in [t for t in args.tasks.split(",") if t]:

@@ -69,13 +69,14 @@ def one_task(model, tokenizer, model_name, task, rows_n, batch, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tasks", default="ioi,docstring")
-    ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="model name; the part before the first - names checkpoints/eap_ig_<it>_<task>")
+    ap.add_argument("--tasks", default="ioi,docstring", help="comma-separated tasks (shipped EAP-IG scores)")
+    ap.add_argument("--rows", type=int, default=64, help="val rows")
+    ap.add_argument("--batch", type=int, default=16, help="rows per batch")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up (median)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, help="also write the results here as JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)

@@ -93,14 +93,16 @@ def measure(model, kind, setting, repeats, large_rows):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="checkpoints/organism,smollm2-135m")
-    ap.add_argument("--kinds", default="rank,heal")
+    ap.add_argument("--models", default="checkpoints/organism,smollm2-135m",
+                    help="comma-separated model names or folders")
+    ap.add_argument("--kinds", default="rank,heal",
+                    help="comma-separated workloads: rank (an EAP-IG ranking), heal (one heal step)")
     ap.add_argument("--threads", default="1,2", help="fixed thread counts to compare")
     ap.add_argument("--busy", default="0,2", help="busy processes beside the measurement")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per setting after a warm-up (median)")
     ap.add_argument("--large-rows", type=int, default=16,
                     help="IOI rows the ranking workload scores on models of width >= 512")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="also write the results here as JSON")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "KIND", "SETTING"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

@@ -30,9 +30,9 @@ def measure(vocab, width, dtype, tokens):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens in the block (random rows of the model's width)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", help="also write the results here as JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []

@@ -29,7 +29,7 @@ def main(argv=None):
                     help="a run folder (circuit.json, recipe.yaml, adapter)")
     ap.add_argument("--n", type=int, default=40, help="test rows")
     ap.add_argument("--subsets", type=int, default=40, help="subsets drawn from --local's")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--json", default=None, help="also write the numbers here")
     args = ap.parse_args(argv)
 

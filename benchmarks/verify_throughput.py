@@ -107,16 +107,19 @@ def check_against_evaluate(model, graph, rows, ev, ld, batch_size, n_checks=4):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"))
-    ap.add_argument("--task", default="ioi")
+    ap.add_argument("--model", default=os.path.join(ROOT, "checkpoints", "organism"),
+                    help="model name or folder (default: checkpoints/organism)")
+    ap.add_argument("--task", default="ioi", help="task of the train and test rows")
     ap.add_argument("--n", type=int, default=64, help="test rows (and train rows for EAP)")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts per subset pass")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[12, 16, 20])
-    ap.add_argument("--sources", nargs="+", default=["eap", "random"], choices=["eap", "random"])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[12, 16, 20], help="circuit sizes in edges")
+    ap.add_argument("--sources", nargs="+", default=["eap", "random"], choices=["eap", "random"],
+                    help="scores the circuits grow from: EAP, or seeded random (default: both)")
     ap.add_argument("--max-subsets", type=int, default=2 ** 16,
                     help="subsets timed per circuit (the first ids; all of them when 2^n is smaller)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cpu, cuda, ... (default: cuda where available)")
     ap.add_argument("--json", default=None, help="also write the numbers here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -390,7 +390,8 @@ def main(argv=None):
     ap.add_argument("--neurons", type=int, default=8, help="top neurons per MLP node")
     ap.add_argument("--neuron-ranking", default="attribution", choices=("attribution", "weights"),
                     help="how an MLP node's top neurons are chosen (attribution needs the task)")
-    ap.add_argument("--split", default="test", choices=("train", "val", "test"))
+    ap.add_argument("--split", default="test", choices=("train", "val", "test"),
+                    help="split of the --n-task rows")
     ap.add_argument("--n-task", type=int, default=64, help="task prompts (neuron attribution, contexts)")
     ap.add_argument("--n-general", type=int, default=32, help="general-text blocks for contexts")
     ap.add_argument("--block-size", type=int, default=64, help="tokens per general-text block")
@@ -398,9 +399,9 @@ def main(argv=None):
     ap.add_argument("--no-circuitlens", action="store_true", help="WeightLens only")
     ap.add_argument("--task", default=None, help="task (recipe's task)")
     ap.add_argument("--model", default=None, help="base model (recipe's model)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="cpu, cuda, ... (recipe's, else cuda if available)")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (recipe's, else as saved)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the task rows and of both lenses' sampling")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: condense.runtime's policy)")
     ap.add_argument("--describe", default=None,

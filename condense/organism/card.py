@@ -73,9 +73,10 @@ def write_card(path, n=500, seed=0, out=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Measure the organism and write its model card.")
-    ap.add_argument("path", nargs="?", default="checkpoints/organism")
+    ap.add_argument("path", nargs="?", default="checkpoints/organism",
+                    help="the organism's checkpoint folder (default: checkpoints/organism)")
     ap.add_argument("--n", type=int, default=500, help="test prompts per task")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the task rows")
     ap.add_argument("--out", default=None, help="report folder (default: the checkpoint)")
     args = ap.parse_args(argv)
     write_card(args.path, n=args.n, seed=args.seed, out=args.out)

@@ -368,7 +368,7 @@ def main(argv=None):
     ap.add_argument("--max-edges", type=int, default=DEFAULT_MAX_EDGES,
                     help="largest circuit to enumerate (2^n subsets); default %(default)s")
     ap.add_argument("--tau", type=float, default=0.05, help="pair interaction tolerance τ")
-    ap.add_argument("--split", default="test", choices=("train", "val", "test"))
+    ap.add_argument("--split", default="test", choices=("train", "val", "test"), help="split of the --n rows")
     ap.add_argument("--n", type=int, default=200, help="task rows")
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per pass (recipe's)")
     ap.add_argument("--threshold", type=float, default=None,
@@ -385,8 +385,8 @@ def main(argv=None):
     ap.add_argument("--method", default="auto", choices=("auto", "sparse", "dense"),
                     help="subset evaluation (condense.verify.subsets): auto = sparse (every supported "
                          "model); dense = one exact forward per subset, its check")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--device", default=None, help="cpu, cuda, ... (recipe's, else cuda if available)")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (recipe's, else as saved)")
     ap.add_argument("--quantization", default="as-run", choices=("as-run", "none", "4bit", "8bit"),
                     help="the base: quantized as the run's was (its recipe's quantization), full "
                          "precision, or 4/8-bit (an adapter healed over one base loads over any)")
