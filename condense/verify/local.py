@@ -1,21 +1,23 @@
 """Local verification of a circuit of any size: the circuit, every circuit without one edge and
-every circuit without two (`condense verify --local`), judged like the exhaustive subsets; and
-for a reducible circuit a greedy reduction to a passing subset from which no edge can go."""
+every circuit without two (`condense verify --local`; `--singles` drops the pairs, for circuits
+whose n(n-1)/2 pairs are out of reach), judged like the exhaustive subsets; and for a reducible
+circuit a greedy reduction to a passing subset from which no edge can go."""
 import torch
 
 from condense.verify.pairs import _median, judge, pair_interactions
 from condense.verify.subsets import subset_masks
 
 
-def local_masks(n):
-    """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair."""
+def local_masks(n, pairs=True):
+    """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair
+    (without `pairs`: [1 + n, n], the first two)."""
     full = torch.ones(n, dtype=torch.bool)
     masks = [full]
     for i in range(n):
         m = full.clone()
         m[i] = False
         masks.append(m)
-    for i in range(n):
+    for i in range(n if pairs else 0):
         for j in range(i + 1, n):
             m = full.clone()
             m[[i, j]] = False
@@ -24,24 +26,30 @@ def local_masks(n):
 
 
 def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
-    """Report from the mean LD and accuracy of local_masks(n)'s subsets (in that order)."""
+    """Report from the mean LD and accuracy of local_masks(n, pairs)'s subsets (in that order;
+    pairs or not is read from how many there are). Without pairs the pair fields are empty or
+    None (`pairs_checked` false): only the one-edge removals were judged."""
     n = len(names)
     f, ok = judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor)
-    # pair_interactions indexes by subset id: give it the ids of these subsets
-    full = 2 ** n - 1
-    ids = [full] + [full ^ (1 << i) for i in range(n)] + [
-        full ^ (1 << i) ^ (1 << j) for i in range(n) for j in range(i + 1, n)]
-    by_id = {k: float(v) for k, v in zip(ids, ld)}
-    by_id[0] = ld_empty
-    pairs = pair_interactions(by_id, n, tau)
-    for p in pairs["pairs"]:
-        p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
+    with_pairs = len(ld) > 1 + n or n < 2
+    if with_pairs:
+        # pair_interactions indexes by subset id: give it the ids of these subsets
+        full = 2 ** n - 1
+        ids = [full] + [full ^ (1 << i) for i in range(n)] + [
+            full ^ (1 << i) ^ (1 << j) for i in range(n) for j in range(i + 1, n)]
+        by_id = {k: float(v) for k, v in zip(ids, ld)}
+        by_id[0] = ld_empty
+        pairs = pair_interactions(by_id, n, tau)
+        for p in pairs["pairs"]:
+            p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
+    else:
+        pairs = dict(pairs=[], scale=None, partners=None)
     removable = [names[i] for i in range(n) if bool(ok[1 + i])]
     removable_pairs = [[names[p["i"]], names[p["j"]]] for k, p in enumerate(pairs["pairs"])
-                       if bool(ok[1 + n + k])]
+                       if bool(ok[1 + n + k])] if with_pairs else None
     reducible = bool(ok[1:].any())
     return dict(
-        mode="local", n_edges=n, edges=names, threshold=threshold, tau=tau,
+        mode="local", pairs_checked=with_pairs, n_edges=n, edges=names, threshold=threshold, tau=tau,
         accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
         logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
         faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),
@@ -50,9 +58,9 @@ def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accura
         faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(n)},
         accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(n)},
         n_minimal_faithful_subsets=None, pairs=pairs["pairs"], pair_scale=pairs["scale"],
-        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]),
-        partners={names[i]: c for i, c in enumerate(pairs["partners"])},
-        partners_median=_median(pairs["partners"]))
+        n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]) if with_pairs else None,
+        partners={names[i]: c for i, c in enumerate(pairs["partners"])} if with_pairs else None,
+        partners_median=_median(pairs["partners"]) if with_pairs else None)
 
 
 def greedy_reduction(evaluate, n, passes, first=None, on_step=None):

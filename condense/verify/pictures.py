@@ -80,3 +80,36 @@ def plot_pairs(path, report):
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
+
+
+def plot_removals(path, report):
+    """`--local --singles`: the circuit's faithfulness and accuracy without each of its edges,
+    the edges sorted from the removal that costs most; removals that pass are orange, the
+    circuit itself and the criterion's bounds are lines. A picture that scales to thousands of
+    edges, where the pairs' heatmap cannot."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    names, passing = report["edges"], set(report["removable_edges"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, circuit, bound, label in (
+            (axes[0], "faithfulness_without_edge", report["faithfulness_circuit"],
+             report["threshold"], "faithfulness f(C without the edge)"),
+            (axes[1], "accuracy_without_edge", report["accuracy_circuit"],
+             report["accuracy_floor"], "accuracy of C without the edge")):
+        values = report[key]
+        order = sorted(names, key=lambda e: values[e])
+        ax.scatter(range(len(order)), [values[e] for e in order], s=6,
+                   c=["tab:orange" if e in passing else "tab:blue" for e in order])
+        ax.axhline(circuit, color="black", lw=0.8, label=f"the circuit ({circuit:.3f})")
+        if bound is not None:
+            ax.axhline(bound, color="grey", ls="--", lw=0.8, label=f"criterion's bound {bound:.3f}")
+        ax.set_xlabel("edges, from the removal that costs most")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{len(passing)} of {len(names)} one-edge removals pass (orange); "
+                 f"{report['criterion']} criterion", fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)

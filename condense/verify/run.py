@@ -29,14 +29,17 @@ without one edge and every circuit without two (1 + n + n(n-1)/2 subsets). It re
 the circuit passes its criterion, the edges whose removal still passes (none: "1-minimal";
 any: reducible, a smaller passing subset found) and the same pairwise ablation; irreducibility
 itself needs every subset and stays unchecked (`irreducible` is null unless a removal passes).
-A reducible circuit is then reduced greedily (drop the edge whose removal keeps the highest f
+`--local --singles` evaluates the circuit and its one-edge removals only (1 + n subsets: whether
+it is reducible by one edge or 1-minimal, and how much each edge matters; no pairs), for
+circuits whose pairs are out of reach. A reducible circuit is then reduced greedily (drop the edge whose removal keeps the highest f
 while some removal passes) to a passing subset that no single edge can leave: `greedy_subset`
 (`--no-reduce` skips it). When it has at most --max-edges edges every subset of it is
 evaluated too: `minimal_subset`, a smallest passing one, is a minimal passing subset of the
 circuit, and `greedy_subset_minimal` says whether the greedy subset itself is one.
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
-`verify_pairs.png` (interaction heatmap) and `verify_faithfulness.npy` (f of every subset,
-indexed by subset id: bit i = edge i of verify.json's `edges`), all atomically.
+`verify_pairs.png` (interaction heatmap; `verify_removals.png` with --singles: f and accuracy
+without each edge) and `verify_faithfulness.npy` (f of every subset, indexed by subset id:
+bit i = edge i of verify.json's `edges`), all atomically.
 Subsets are evaluated many per pass by condense.verify.subsets.SubsetEvaluator.
 """
 import argparse
@@ -54,8 +57,8 @@ from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, greedy_reduction, local_masks, smallest_within
 from condense.verify.pairs import judge
-from condense.verify.pictures import plot_pairs, plot_subsets
-from condense.verify.verdict import irreducibility_words
+from condense.verify.pictures import plot_pairs, plot_removals, plot_subsets
+from condense.verify.verdict import irreducibility_words, local_words
 
 DEFAULT_MAX_EDGES = 20
 
@@ -73,7 +76,8 @@ def check_size(n_edges, max_edges=DEFAULT_MAX_EDGES):
     if n_edges <= max_edges:
         return
     local = f"check it locally with --local (every one- and two-edge removal: " \
-            f"{1 + n_edges + math.comb(n_edges, 2):,} subsets)"
+            f"{1 + n_edges + math.comb(n_edges, 2):,} subsets; with --singles every one-edge " \
+            f"removal: {1 + n_edges:,})"
     if n_edges <= ENUMERABLE_EDGES:
         way_out = (f"Raise the limit with --max-edges {n_edges} (each edge doubles the work: "
                    f"2^{n_edges} = {2 ** n_edges:,} subsets), verify a smaller circuit, or {local}.")
@@ -107,7 +111,7 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    local: bool = False, reference_logits: Optional[torch.Tensor] = None,
                    reference_name: str = "full model",
                    top1_floor: Optional[float] = None,
-                   reduce: bool = True) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   reduce: bool = True, pairs: bool = True) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
@@ -117,9 +121,9 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     reference, and each listed minimal subset's, are measured too and held to it (not every
     subset's: each needs the whole vocabulary; see check_top1).
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
-    `local`: the one- and two-edge removals only (see analyse_local), any size, and
-    (report, None, None); with `reduce`, a reducible circuit's greedy reduction too
-    (greedy_reduction)."""
+    `local`: the one- and two-edge removals only (see analyse_local; without `pairs` the
+    one-edge removals only), any size, and (report, None, None); with `reduce`, a reducible
+    circuit's greedy reduction too (greedy_reduction)."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     from condense.evaluate import reference_outputs
@@ -145,7 +149,7 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     rule = threshold if criterion in ("faithfulness", "both") else None
     start = time.perf_counter()
     if local:
-        masks = local_masks(n)
+        masks = local_masks(n, pairs)
         ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True)
         subsets_s = time.perf_counter() - start
         report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau, floor)
@@ -285,7 +289,7 @@ def run_criterion(cfg) -> dict:
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
-               criterion="run", quantization="as run", local=False, reduce=True):
+               criterion="run", quantization="as run", local=False, reduce=True, pairs=True):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
     criterion "run": the criterion the run itself used to accept its circuit (see run_criterion).
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
@@ -333,7 +337,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
-        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce,
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce, pairs=pairs,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
@@ -350,7 +354,10 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         plot_subsets(os.path.join(out, "verify_subsets.png"), f, minimal, report["n_edges"], threshold,
                      title=f"{os.path.basename(os.path.normpath(run_dir))}: {task} {split}, "
                            f"{report['n_rows']} rows, {intervention}")
-    plot_pairs(os.path.join(out, "verify_pairs.png"), report)
+    if report.get("pairs_checked", True):
+        plot_pairs(os.path.join(out, "verify_pairs.png"), report)
+    else:  # --singles: how much each edge's removal costs, instead of the pairs
+        plot_removals(os.path.join(out, "verify_removals.png"), report)
     write_json(os.path.join(out, "verify.json"), report)
     if os.path.abspath(out) == os.path.abspath(run_dir):
         from condense.report import refresh_report
@@ -395,12 +402,17 @@ def main(argv=None):
     ap.add_argument("--local", action="store_true",
                     help="any size, no enumeration: the circuit, every one-edge and every two-edge "
                          "removal (1-minimality, reducibility when a removal passes, pairs)")
+    ap.add_argument("--singles", action="store_true",
+                    help="with --local: one-edge removals only (1 + n subsets, no pairs), for "
+                         "circuits whose n(n-1)/2 pairs are out of reach")
     ap.add_argument("--no-reduce", action="store_true",
                     help="with --local: skip the greedy reduction of a reducible circuit to a "
                          "passing subset that no edge can leave (about as many subsets again), "
                          "and the check of every subset of it (2^k, up to --max-edges edges)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     args = ap.parse_args(argv)
+    if args.singles and not args.local:
+        ap.error("--singles goes with --local (the one-edge removals of a local check)")
     quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
     try:
         report = verify_run(args.run_dir, max_edges=args.max_edges, tau=args.tau, split=args.split,
@@ -409,7 +421,7 @@ def main(argv=None):
                             method=args.method, device=args.device, dtype=args.dtype,
                             out_dir=args.out, threads=args.threads, criterion=args.criterion,
                             quantization=quantization, local=args.local,
-                            reduce=not args.no_reduce)
+                            reduce=not args.no_reduce, pairs=not args.singles)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2
@@ -417,21 +429,7 @@ def main(argv=None):
     # local: the reason follows (what removal passes, or that none does), so the brief words
     verdict = irreducibility_words(report["irreducible"], local=local, brief=local)
     if local:
-        removable = report["removable_edges"]
-        if report["irreducible"] is not False:
-            verdict += "; 1-minimal (no edge or pair can go)"
-        elif removable:
-            verdict += (f": {len(removable)} of {report['n_edges']} edges can go one at a time "
-                        f"({', '.join(removable[:3])}{', ...' if len(removable) > 3 else ''})")
-        else:
-            verdict += f": pairs can go together ({report['removable_pairs'][:3]})"
-        if "greedy_subset" in report:
-            verdict += (f"; greedy reduction: a passing subset of {report['greedy_subset_size']} "
-                        f"edges that no edge can leave")
-        if "minimal_subset_size" in report:
-            verdict += (f"; every subset of it: a minimal passing subset of "
-                        f"{report['minimal_subset_size']} edges (the greedy subset "
-                        f"{'is' if report['greedy_subset_minimal'] else 'is not'} minimal)")
+        verdict += local_words(report)
     else:
         if report["irreducible"] is not None:
             verdict += f"; {report['n_minimal_faithful_subsets']} minimal faithful subsets"
@@ -445,8 +443,10 @@ def main(argv=None):
              f"{report['top1_floor']:g}; {report['minimal_faithful_passing_top1']} of "
              f"{len(report['minimal_faithful_top1_agreement'])} minimal subsets checked pass "
              f"it); " if report.get("top1_floor") is not None else "")
-          + f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
-          f"partners {report['partners_median']}; {report['timing']['subsets_s']:.1f}s for "
+          + (f"{report['n_interacting_pairs']}/{len(report['pairs'])} pairs interact, median "
+             f"partners {report['partners_median']}; " if report.get("pairs_checked", True) else
+             "pairs not checked (--singles); ")
+          + f"{report['timing']['subsets_s']:.1f}s for "
           f"{report['subsets_evaluated']:,} subsets -> {args.out or args.run_dir}/verify.json")
     return 0
 
