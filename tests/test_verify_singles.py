@@ -62,3 +62,42 @@ def test_cli_singles_writes_the_removals_picture(tmp_path, organism_tokenizer, c
     assert (run / "verify_removals.png").stat().st_size > 0 and not (run / "verify_pairs.png").exists()
     report = json.loads((run / "verify.json").read_text())
     assert report["subsets_evaluated"] == 1 + len(names) and not report["pairs_checked"]
+
+
+def test_the_first_k_removals_prove_reducibility_but_not_minimality():
+    model, rows = random_model("gpt2", lora=True), random_rows(n=5)
+    g = circuit(model, MIXED_CIRCUIT)
+    every, _, _ = verify_circuit(model, g, rows, batch_size=4, threshold=0.5, local=True,
+                                 pairs=False, reduce=False)
+    names = every["edges"]
+    k = 5
+    first, _, _ = verify_circuit(model, g, rows, batch_size=4, threshold=0.5, local=True,
+                                 pairs=False, reduce=False, max_removals=k)
+    assert first["subsets_evaluated"] == 1 + k and first["removals_checked"] == k
+    assert list(first["faithfulness_without_edge"]) == names[:k]
+    for name in names[:k]:
+        assert abs(first["faithfulness_without_edge"][name] - every["faithfulness_without_edge"][name]) < TOL
+    assert first["removable_edges"] == [e for e in every["removable_edges"] if e in names[:k]]
+    # a passing removal among the first k: reducible; none: no verdict at all (not 1-minimal)
+    assert first["irreducible"] == (False if first["removable_edges"] else None)
+    assert first["one_minimal"] == (False if first["removable_edges"] else None)
+    words = local_words(dict(first, removable_edges=[], irreducible=None, one_minimal=None))
+    assert f"none of the first {k} of {len(names)} one-edge removals passes" in words
+
+
+def test_max_removals_needs_singles(tmp_path, capsys):
+    for argv in (["--local", "--max-removals", "3"], ["--local", "--singles", "--max-removals", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main([str(tmp_path), *argv])
+        assert e.value.code == 2 and "--max-removals K goes with --local --singles" in capsys.readouterr().err
+
+
+def test_cli_first_removals_picture(tmp_path, organism_tokenizer, capsys):
+    base, model_dir = saved_tiny_gpt2(tmp_path, organism_tokenizer)
+    names = ["input->a0.h0<v>", "a0.h0->a1.h1<k>", "a1.h1->logits", "input->logits"]
+    run = tmp_path / "run"
+    write_run(run, model_dir, circuit(base, names))
+    assert main([str(run), "--n", "8", "--local", "--singles", "--max-removals", "2"]) == 0
+    report = json.loads((run / "verify.json").read_text())
+    assert report["removals_checked"] == 2 and len(report["accuracy_without_edge"]) == 2
+    assert (run / "verify_removals.png").stat().st_size > 0

@@ -8,12 +8,13 @@ from condense.verify.pairs import _median, judge, pair_interactions
 from condense.verify.subsets import subset_masks
 
 
-def local_masks(n, pairs=True):
+def local_masks(n, pairs=True, removals=None):
     """Bool masks [1 + n + n(n-1)/2, n]: the circuit, without each edge, without each pair
-    (without `pairs`: [1 + n, n], the first two)."""
+    (without `pairs`: [1 + n, n], the first two; with `removals` K too: [1 + K, n], the circuit
+    without each of its first K edges)."""
     full = torch.ones(n, dtype=torch.bool)
     masks = [full]
-    for i in range(n):
+    for i in range(n if removals is None else min(removals, n)):
         m = full.clone()
         m[i] = False
         masks.append(m)
@@ -25,13 +26,17 @@ def local_masks(n, pairs=True):
     return torch.stack(masks)
 
 
-def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None):
-    """Report from the mean LD and accuracy of local_masks(n, pairs)'s subsets (in that order;
-    pairs or not is read from how many there are). Without pairs the pair fields are empty or
-    None (`pairs_checked` false): only the one-edge removals were judged."""
+def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accuracy_floor=None,
+                  pairs=True):
+    """Report from the mean LD and accuracy of local_masks(n, pairs, removals)'s subsets (in
+    that order). Without `pairs` the pair fields are empty or None (`pairs_checked` false): only
+    the one-edge removals were judged, the first `removals_checked` of them (all n, or the
+    first K: then a passing one still proves the circuit reducible, but none passing proves
+    nothing, so `one_minimal` is None)."""
     n = len(names)
     f, ok = judge(ld, accuracy, ld_full, ld_empty, threshold, accuracy_floor)
-    with_pairs = len(ld) > 1 + n or n < 2
+    with_pairs = pairs or n < 2
+    checked = n if with_pairs else len(ld) - 1
     if with_pairs:
         # pair_interactions indexes by subset id: give it the ids of these subsets
         full = 2 ** n - 1
@@ -44,19 +49,20 @@ def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accura
             p["edge_i"], p["edge_j"] = names[p["i"]], names[p["j"]]
     else:
         pairs = dict(pairs=[], scale=None, partners=None)
-    removable = [names[i] for i in range(n) if bool(ok[1 + i])]
+    removable = [names[i] for i in range(checked) if bool(ok[1 + i])]
     removable_pairs = [[names[p["i"]], names[p["j"]]] for k, p in enumerate(pairs["pairs"])
                        if bool(ok[1 + n + k])] if with_pairs else None
     reducible = bool(ok[1:].any())
     return dict(
-        mode="local", pairs_checked=with_pairs, n_edges=n, edges=names, threshold=threshold, tau=tau,
+        mode="local", pairs_checked=with_pairs, removals_checked=checked, n_edges=n, edges=names, threshold=threshold, tau=tau,
         accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
         logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
         faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),
-        irreducible=False if reducible else None, one_minimal=not removable,
+        irreducible=False if reducible else None,
+        one_minimal=not removable if checked == n else (False if removable else None),
         removable_edges=removable, removable_pairs=removable_pairs,
-        faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(n)},
-        accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(n)},
+        faithfulness_without_edge={names[i]: float(f[1 + i]) for i in range(checked)},
+        accuracy_without_edge={names[i]: float(accuracy[1 + i]) for i in range(checked)},
         n_minimal_faithful_subsets=None, pairs=pairs["pairs"], pair_scale=pairs["scale"],
         n_interacting_pairs=sum(p["interacts"] for p in pairs["pairs"]) if with_pairs else None,
         partners={names[i]: c for i, c in enumerate(pairs["partners"])} if with_pairs else None,

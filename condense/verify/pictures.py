@@ -98,8 +98,8 @@ def plot_removals(path, report):
              report["threshold"], "faithfulness f(C without the edge)"),
             (axes[1], "accuracy_without_edge", report["accuracy_circuit"],
              report["accuracy_floor"], "accuracy of C without the edge")):
-        values = report[key]
-        order = sorted(names, key=lambda e: values[e])
+        values = report[key]  # (with --max-removals, only the edges checked)
+        order = sorted(values, key=lambda e: values[e])
         ax.scatter(range(len(order)), [values[e] for e in order], s=6,
                    c=["tab:orange" if e in passing else "tab:blue" for e in order])
         ax.axhline(circuit, color="black", lw=0.8, label=f"the circuit ({circuit:.3f})")
@@ -108,7 +108,9 @@ def plot_removals(path, report):
         ax.set_xlabel("edges, from the removal that costs most")
         ax.set_ylabel(label)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"{len(passing)} of {len(names)} one-edge removals pass (orange); "
+    checked = len(report["faithfulness_without_edge"])
+    of = f"{checked:,}" if checked == len(names) else f"the first {checked:,} (of {len(names):,})"
+    fig.suptitle(f"{len(passing)} of {of} one-edge removals pass (orange); "
                  f"{report['criterion']} criterion", fontsize=9)
     fig.tight_layout()
     _save(fig, path)

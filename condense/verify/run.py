@@ -115,7 +115,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    local: bool = False, reference_logits: Optional[torch.Tensor] = None,
                    reference_name: str = "full model",
                    top1_floor: Optional[float] = None,
-                   reduce: bool = True, pairs: bool = True) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   reduce: bool = True, pairs: bool = True,
+                   max_removals: Optional[int] = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
@@ -126,8 +127,9 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     subset's: each needs the whole vocabulary; see check_top1).
     Returns (report dict, faithfulness of every subset id [2^n], minimal-subset flags [2^n]);
     `local`: the one- and two-edge removals only (see analyse_local; without `pairs` the
-    one-edge removals only), any size, and (report, None, None); with `reduce`, a reducible
-    circuit's greedy reduction too (greedy_reduction)."""
+    one-edge removals only, and with `max_removals` K only the first K of them), any size, and
+    (report, None, None); with `reduce`, a reducible circuit's greedy reduction too
+    (greedy_reduction)."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     from condense.evaluate import reference_outputs
@@ -154,10 +156,11 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     rule = threshold if criterion in ("faithfulness", "both") else None
     start = time.perf_counter()
     if local:
-        masks = local_masks(n, pairs)
+        masks = local_masks(n, pairs, None if pairs else max_removals)
         ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True)
         subsets_s = time.perf_counter() - start
-        report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau, floor)
+        report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau,
+                               floor, pairs)
         report.update(
             criterion=criterion, reference=reference_name, accuracy_reference=accuracy_full,
             accuracy_full_model=accuracy_model, intervention=intervention,
@@ -217,7 +220,7 @@ def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False
     evaluator.kept = {}  # each step asks about a few subsets: prepare each prompt batch once
     try:
         kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
-                                                     first=(ld[1:1 + n], accuracy[1:1 + n]),
+                                                     first=(ld[1:1 + n], accuracy[1:1 + n]) if len(ld) > n else None,
                                                      on_step=step if show else None)
         out = dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
                    greedy_subset_size=int(kept.sum()),
@@ -294,7 +297,8 @@ def run_criterion(cfg) -> dict:
 def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", n=200,
                batch_size=None, threshold=None, model=None, task=None, intervention=None,
                method="auto", device=None, dtype=None, out_dir=None, progress=True, threads=None,
-               criterion="run", quantization="as run", local=False, reduce=True, pairs=True):
+               criterion="run", quantization="as run", local=False, reduce=True, pairs=True,
+               max_removals=None):
     """Verify `run_dir`'s circuit.json (see the module docstring); returns the report.
     criterion "run": the criterion the run itself used to accept its circuit (see run_criterion).
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
@@ -343,6 +347,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
         criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce, pairs=pairs,
+        max_removals=max_removals,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
@@ -410,6 +415,9 @@ def main(argv=None):
     ap.add_argument("--singles", action="store_true",
                     help="with --local: one-edge removals only (1 + n subsets, no pairs), for "
                          "circuits whose n(n-1)/2 pairs are out of reach")
+    ap.add_argument("--max-removals", type=int, default=None, metavar="K",
+                    help="with --singles: only the first K edges' removals, from the logits back "
+                         "(the cheapest): a passing one proves reducibility, none passing proves nothing")
     ap.add_argument("--no-reduce", action="store_true",
                     help="with --local: skip the greedy reduction of a reducible circuit to a "
                          "passing subset that no edge can leave (about as many subsets again), "
@@ -418,6 +426,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.singles and not args.local:
         ap.error("--singles goes with --local (the one-edge removals of a local check)")
+    if args.max_removals is not None and not (args.singles and args.max_removals > 0):
+        ap.error("--max-removals K goes with --local --singles, K >= 1")
     quantization = {"as-run": "as run", "none": None}.get(args.quantization, args.quantization)
     try:
         report = verify_run(args.run_dir, max_edges=args.max_edges, tau=args.tau, split=args.split,
@@ -426,7 +436,8 @@ def main(argv=None):
                             method=args.method, device=args.device, dtype=args.dtype,
                             out_dir=args.out, threads=args.threads, criterion=args.criterion,
                             quantization=quantization, local=args.local,
-                            reduce=not args.no_reduce, pairs=not args.singles)
+                            reduce=not args.no_reduce, pairs=not args.singles,
+                            max_removals=args.max_removals)
     except CircuitTooLarge as e:
         print(f"condense.verify: {e}", file=sys.stderr)
         return 2

@@ -24,11 +24,15 @@ def local_words(report: dict) -> str:
     """What a local check found, after irreducibility_words(..., local=True, brief=True): the
     removals that pass (or that none does), and the greedy reduction's outcome."""
     removable, pairs = report["removable_edges"], report.get("pairs_checked", True)
-    if report["irreducible"] is not False:
+    n, checked = report["n_edges"], report.get("removals_checked", report["n_edges"])
+    of = f"{n}" if checked == n else f"the first {checked:,} of {n:,}"
+    if report["irreducible"] is not False and checked < n:
+        words = f"; no verdict (none of {of} one-edge removals passes; pairs not checked)"
+    elif report["irreducible"] is not False:
         words = "; 1-minimal (no edge or pair can go)" if pairs else \
             "; 1-minimal (no edge can go; pairs not checked)"
     elif removable:
-        words = (f": {len(removable)} of {report['n_edges']} edges can go one at a time "
+        words = (f": {len(removable)} of {of} edges can go one at a time "
                  f"({', '.join(removable[:3])}{', ...' if len(removable) > 3 else ''})")
     else:
         words = f": pairs can go together ({report['removable_pairs'][:3]})"
@@ -54,8 +58,10 @@ def summary_items(verify: dict) -> list:
                 verify.get("one_minimal") if local else verify.get("n_minimal_faithful_subsets"))]
     reductions = []  # what the local check and the greedy reduction found, beside the verdict
     if local and verify.get("removable_edges") is not None:
+        checked = verify.get("removals_checked", verify.get("n_edges"))
         reductions.append(("edges that can go one at a time",
-                           f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"))
+                           f"{len(verify['removable_edges'])}/{verify.get('n_edges')}"
+                           + (f" (the first {checked} checked)" if checked != verify.get("n_edges") else "")))
     for key, label in (("greedy_subset", "greedy reduction (passes, no edge can leave it)"),
                        ("minimal_subset", "a minimal passing subset (every subset of the greedy "
                                           "one checked)")):
