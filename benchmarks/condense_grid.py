@@ -50,7 +50,7 @@ VARIANTS = {"c1": [], "c0": ["heal=false"],
 PAPER = dict(eap_ig_over_c1=8.1, eap_ig_over_c0=7.4)
 KEEP = ("adapter_config.json", "adapter_model.safetensors", "circuit.json", "circuit.png",
         "metrics.json", "rounds.jsonl", "rounds.png", "recipe.yaml", "runtime.json", "verify.json",
-        "verify_subsets.png", "verify_pairs.png")
+        "verify_subsets.png", "verify_pairs.png", "verify_removals.png")
 
 
 def _env():
