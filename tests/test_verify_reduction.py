@@ -99,7 +99,7 @@ def test_greedy_subset_passes_and_no_edge_can_leave_it():
 def test_progress_counts_each_pass_from_its_own_start():
     import io
 
-    from condense.verify.run import Progress
+    from condense.verify.progress import Progress
     times = iter([0.0, 100.0, 110.0, 111.0, 112.0])   # construction, then one per call
     out = io.StringIO()
     show = Progress("verify", every=0.0, stream=out, clock=lambda: next(times))

@@ -58,6 +58,7 @@ from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, greedy_reduction, local_masks, smallest_within
 from condense.verify.pairs import judge
 from condense.verify.pictures import plot_pairs, plot_removals, plot_subsets
+from condense.verify.progress import Progress
 from condense.verify.verdict import irreducibility_words, local_words
 
 DEFAULT_MAX_EDGES = 20
@@ -469,27 +470,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-class Progress:
-    """progress(done, total) printer: at most every `every` seconds, with rate and ETA. A count
-    that goes back or a new total starts a new pass (verify's greedy reduction makes many),
-    whose rate counts from the previous pass's last call."""
-
-    def __init__(self, label, every=10.0, stream=None, clock=time.perf_counter):
-        self.label, self.every, self.stream, self.clock = label, every, stream or sys.stderr, clock
-        self.start = self.shown = self.last = clock()
-        self.done, self.total = 0, None
-
-    def __call__(self, done, total):
-        now = self.clock()
-        if done < self.done or total != self.total:
-            self.start = self.last
-        self.done, self.total, self.last = done, total, now
-        if now - self.shown < self.every and done < total:
-            return
-        self.shown = now
-        rate = done / max(now - self.start, 1e-9)
-        eta = (total - done) / rate if rate > 0 else float("inf")
-        print(f"{self.label}: {done}/{total} subset x prompt ({100 * done / total:.1f} %), "
-              f"{rate:,.0f}/s, {eta:,.0f}s left", file=self.stream, flush=True)
