@@ -54,7 +54,8 @@ def analyse_local(ld, accuracy, names, ld_full, ld_empty, threshold, tau, accura
                        if bool(ok[1 + n + k])] if with_pairs else None
     reducible = bool(ok[1:].any())
     return dict(
-        mode="local", pairs_checked=with_pairs, removals_checked=checked, n_edges=n, edges=names, threshold=threshold, tau=tau,
+        mode="local", pairs_checked=with_pairs, removals_checked=checked, n_edges=n, edges=names,
+        threshold=threshold, tau=tau,
         accuracy_floor=accuracy_floor, accuracy_circuit=float(accuracy[0]),
         logit_diff_full_model=ld_full, logit_diff_empty=ld_empty, logit_diff_circuit=float(ld[0]),
         faithfulness_circuit=float(f[0]), circuit_faithful=bool(ok[0]),

@@ -31,9 +31,10 @@ any: reducible, a smaller passing subset found) and the same pairwise ablation; 
 itself needs every subset and stays unchecked (`irreducible` is null unless a removal passes).
 `--local --singles` evaluates the circuit and its one-edge removals only (1 + n subsets: whether
 it is reducible by one edge or 1-minimal, and how much each edge matters; no pairs), for
-circuits whose pairs are out of reach. A reducible circuit is then reduced greedily (drop the edge whose removal keeps the highest f
-while some removal passes) to a passing subset that no single edge can leave: `greedy_subset`
-(`--no-reduce` skips it). When it has at most --max-edges edges every subset of it is
+circuits whose pairs are out of reach; `--max-removals K` only the first K of them (a passing
+one proves the circuit reducible; none passing proves nothing). A reducible circuit is then
+reduced greedily (drop the edge whose removal keeps the highest f while some removal passes)
+to a passing subset that no single edge can leave: `greedy_subset` (`--no-reduce` skips it). When it has at most --max-edges edges every subset of it is
 evaluated too: `minimal_subset`, a smallest passing one, is a minimal passing subset of the
 circuit, and `greedy_subset_minimal` says whether the greedy subset itself is one.
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
@@ -221,7 +222,8 @@ def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False
     evaluator.kept = {}  # each step asks about a few subsets: prepare each prompt batch once
     try:
         kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
-                                                     first=(ld[1:1 + n], accuracy[1:1 + n]) if len(ld) > n else None,
+                                                     first=(ld[1:1 + n], accuracy[1:1 + n])
+                                                     if len(ld) > n else None,  # all n measured
                                                      on_step=step if show else None)
         out = dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
                    greedy_subset_size=int(kept.sum()),
@@ -347,8 +349,8 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
-        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce, pairs=pairs,
-        max_removals=max_removals,
+        criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce,
+        pairs=pairs, max_removals=max_removals,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
