@@ -44,6 +44,12 @@ def plot_subsets(path, f, minimal, n, threshold, title=""):
     plt.close(fig)
 
 
+# The heatmap labels and boxes each edge up to this many edges (a figure of about 22 inches);
+# a larger circuit (--local on hundreds of edges) gets the same size without them, not a
+# figure that grows with n (0.32 inch an edge: 150 inches at 470 edges).
+MAX_LABELLED_EDGES = 60
+
+
 def plot_pairs(path, report):
     """Heatmap of (Δij - Δi - Δj) / |m(C) - m(∅)|; interacting pairs are boxed."""
     import matplotlib
@@ -63,20 +69,26 @@ def plot_pairs(path, report):
     for p in report["pairs"]:
         grid[p["i"], p["j"]] = grid[p["j"], p["i"]] = p["interaction"] / scale
     top = max(float(grid[~torch.isnan(grid)].abs().max()), report["tau"])
-    side = max(5, 0.32 * n + 3)
+    labelled = n <= MAX_LABELLED_EDGES
+    side = max(5, 0.32 * n + 3) if labelled else 0.32 * MAX_LABELLED_EDGES + 3
     fig, ax = plt.subplots(figsize=(side + 1.5, side))
     im = ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
-    for p in report["pairs"]:
-        if p["interacts"]:
-            for a, b in ((p["i"], p["j"]), (p["j"], p["i"])):
-                ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=1.2, ec="black"))
-    labels = [f"{nm} ({report['partners'][nm]})" for nm in names]
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=6)
-    ax.set_yticks(range(n), labels, fontsize=6)
+    if labelled:  # beyond, a box and a label per edge would be smaller than a pixel
+        for p in report["pairs"]:
+            if p["interacts"]:
+                for a, b in ((p["i"], p["j"]), (p["j"], p["i"])):
+                    ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=1.2, ec="black"))
+        labels = [f"{nm} ({report['partners'][nm]})" for nm in names]
+        ax.set_xticks(range(n), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(n), labels, fontsize=6)
+    else:
+        ax.set_xlabel("edge (verify.json's order)")
+        ax.set_ylabel("edge")
     fig.colorbar(im, ax=ax, shrink=0.8, label="(Δij − Δi − Δj) / |m(C) − m(∅)|")
     ax.set_title(f"pairwise ablation: {report['n_interacting_pairs']} of {len(report['pairs'])} pairs "
-                 f"interact (boxed, τ = {report['tau']:g})\nlabels: edge (interaction partners); "
-                 f"median partners {report['partners_median']}", fontsize=8)
+                 f"interact ({'boxed, ' if labelled else ''}τ = {report['tau']:g})\n"
+                 + ("labels: edge (interaction partners); " if labelled else "")
+                 + f"median partners {report['partners_median']}", fontsize=8)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
