@@ -48,9 +48,9 @@ def run_command(argv):
 
     if "-h" in argv or "--help" in argv:
         method = None
-        ap = argparse.ArgumentParser(add_help=False)
-        ap.add_argument("--recipe")
-        ap.add_argument("overrides", nargs="*")
+        ap = argparse.ArgumentParser(add_help=False)  # only peeks at the recipe's method
+        ap.add_argument("--recipe", help="YAML recipe")
+        ap.add_argument("overrides", nargs="*", help="key=value recipe overrides")
         known, _ = ap.parse_known_args([a for a in argv if a not in ("-h", "--help")])
         if known.recipe:
             try:
