@@ -101,3 +101,12 @@ def test_cli_first_removals_picture(tmp_path, organism_tokenizer, capsys):
     report = json.loads((run / "verify.json").read_text())
     assert report["removals_checked"] == 2 and len(report["accuracy_without_edge"]) == 2
     assert (run / "verify_removals.png").stat().st_size > 0
+
+
+def test_max_removals_needs_singles_in_the_library_too():
+    model, rows = random_model("gpt2", lora=True), random_rows(n=5)
+    g = circuit(model, MIXED_CIRCUIT)
+    for kwargs in (dict(local=True, max_removals=3), dict(local=False, pairs=False, max_removals=3),
+                   dict(local=True, pairs=False, max_removals=0)):
+        with pytest.raises(ValueError, match="max_removals K"):
+            verify_circuit(model, g, rows, batch_size=4, **kwargs)

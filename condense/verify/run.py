@@ -34,9 +34,10 @@ it is reducible by one edge or 1-minimal, and how much each edge matters; no pai
 circuits whose pairs are out of reach; `--max-removals K` only the first K of them (a passing
 one proves the circuit reducible; none passing proves nothing). A reducible circuit is then
 reduced greedily (drop the edge whose removal keeps the highest f while some removal passes)
-to a passing subset that no single edge can leave: `greedy_subset` (`--no-reduce` skips it). When it has at most --max-edges edges every subset of it is
-evaluated too: `minimal_subset`, a smallest passing one, is a minimal passing subset of the
-circuit, and `greedy_subset_minimal` says whether the greedy subset itself is one.
+to a passing subset that no single edge can leave: `greedy_subset` (`--no-reduce` skips it).
+When it has at most --max-edges edges every subset of it is evaluated too: `minimal_subset`,
+a smallest passing one, is a minimal passing subset of the circuit, and `greedy_subset_minimal`
+says whether the greedy subset itself is one.
 Writes `verify.json`, `verify_subsets.png` (faithfulness against subset size),
 `verify_pairs.png` (interaction heatmap; `verify_removals.png` with --singles: f and accuracy
 without each edge) and `verify_faithfulness.npy` (f of every subset, indexed by subset id:
@@ -134,6 +135,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     (greedy_reduction)."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
+    if max_removals is not None and (not local or pairs or max_removals < 1):
+        raise ValueError("max_removals K (>= 1) goes with local=True, pairs=False")
     from condense.evaluate import reference_outputs
     from condense.verify.subsets import SubsetEvaluator
 
