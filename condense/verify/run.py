@@ -65,8 +65,9 @@ from condense.verify.verdict import irreducibility_words, local_words
 
 DEFAULT_MAX_EDGES = 20
 # Each local subset removes its own edges, so it has its own version of every node downstream
-# of them, kept for the whole pass: on SmolLM2's 2,926-edge induction C1, 256 one-edge removals
-# took 131 s in one pass and 1,024 (passes of 910) over 25 minutes on one thread.
+# of them, kept for the whole pass: on SmolLM2's 2,926-edge induction C1, one thread, 256
+# one-edge removals took 68 s in one pass, while 1,024 in passes of 910 had not finished after
+# 25 minutes (benchmarks/local_pass_cost.py; docs/verify.md).
 LOCAL_SUBSETS_PER_PASS = 256
 
 
