@@ -47,3 +47,18 @@ def test_links_stay_in_the_repository():
                if path and (path.startswith(("http://", "https://"))
                             or ROOT not in (page.parent / path).resolve().parents)]
     assert not outside, "\n".join(outside)
+
+
+def test_readme_python_runs_on_the_organism(tmp_path, monkeypatch):
+    """The README's Python example runs as written, with the organism its comment names in place
+    of SmolLM2-135M (whose EAP-IG takes minutes on a CPU), and its comments' numbers hold."""
+    import torch
+    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    assert '"smollm2-135m"' in block and "# 123,211 edges (the organism: 479)" in block
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(block.replace('"smollm2-135m"', repr(str(ROOT / "checkpoints" / "organism"))), scope)
+    assert scope["graph"].n_edges == 479
+    assert 0 < scope["found"].edges < 479
+    assert (tmp_path / "circuit.json").stat().st_size > 0 and (tmp_path / "circuit.png").stat().st_size > 0
