@@ -58,6 +58,7 @@ from condense.artifacts import read_json
 from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
 from condense.verify.local import analyse_local, greedy_reduction, local_masks, smallest_within
+from condense.verify.resume import STATE_FILE, SubsetSums, run_state_key
 from condense.verify.pairs import judge
 from condense.verify.pictures import plot_pairs, plot_removals, plot_subsets
 from condense.verify.progress import Progress
@@ -120,7 +121,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    reference_name: str = "full model",
                    top1_floor: Optional[float] = None,
                    reduce: bool = True, pairs: bool = True,
-                   max_removals: Optional[int] = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   max_removals: Optional[int] = None,
+                   sums=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
@@ -133,7 +135,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     `local`: the one- and two-edge removals only (see analyse_local; without `pairs` the
     one-edge removals only, and with `max_removals` K only the first K of them), any size, and
     (report, None, None); with `reduce`, a reducible circuit's greedy reduction too
-    (greedy_reduction)."""
+    (greedy_reduction). `sums` (condense.verify.resume.SubsetSums): the subset evaluation keeps
+    its running sums there and goes on from them after an interruption."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     if max_removals is not None and (not local or pairs or max_removals < 1):
@@ -163,8 +166,10 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     start = time.perf_counter()
     if local:
         masks = local_masks(n, pairs, None if pairs else max_removals)
-        ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True)
+        ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True,
+                                                  sums=sums)
         subsets_s = time.perf_counter() - start
+        new_work = len(masks) * evaluator.n_rows - evaluator.resumed
         report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau,
                                floor, pairs)
         report.update(
@@ -172,8 +177,9 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
             accuracy_full_model=accuracy_model, intervention=intervention,
             method=evaluator.method, n_rows=evaluator.n_rows,
             n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
+            resumed_subset_prompts=evaluator.resumed,
             timing=dict(reference_s=reference_s, subsets_s=subsets_s,
-                        subset_prompts_per_s=len(masks) * evaluator.n_rows / subsets_s))
+                        subset_prompts_per_s=new_work / subsets_s))
         if reduce and report["circuit_faithful"] and report["removable_edges"]:
             start = time.perf_counter()
             report.update(_reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
@@ -184,8 +190,9 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
             report.update(check_top1(evaluator, reference, full, [], top1_floor))
         return report, None, None
     ld, accuracy = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress,
-                                              with_accuracy=True)
+                                              with_accuracy=True, sums=sums)
     subsets_s = time.perf_counter() - start
+    new_share = 1 - evaluator.resumed / (2 ** n * evaluator.n_rows)
     start = time.perf_counter()
     report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, rule, tau, accuracy,
                                  floor)
@@ -194,11 +201,11 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         accuracy_reference=accuracy_full, accuracy_full_model=accuracy_model,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
         n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
-        bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
+        resumed_subset_prompts=evaluator.resumed, bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
     report["timing"] = dict(reference_s=reference_s, subsets_s=subsets_s,
                             analysis_s=time.perf_counter() - start,
-                            subsets_per_s=2 ** n / subsets_s,
-                            subset_prompts_per_s=2 ** n * evaluator.n_rows / subsets_s)
+                            subsets_per_s=new_share * 2 ** n / subsets_s,
+                            subset_prompts_per_s=new_share * 2 ** n * evaluator.n_rows / subsets_s)
     if top1_floor is not None:
         report.update(check_top1(evaluator, reference, full, report["minimal_faithful_subsets"],
                                  top1_floor))
@@ -350,19 +357,21 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     load_s = time.perf_counter() - begin
 
     show = Progress(f"verify {graph.n_edges} edges") if progress else None
+    out = out_dir or run_dir
+    os.makedirs(out, exist_ok=True)
+    sums = SubsetSums(os.path.join(out, STATE_FILE), run_state_key(
+        run, model=model_path, quantization=quantization, task=task, split=split, n=n, seed=seed,
+        intervention=intervention, dtype=dtype, device=str(device)))
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
         criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce,
-        pairs=pairs, max_removals=max_removals,
+        pairs=pairs, max_removals=max_removals, sums=sums,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
                   task=task, split=split, seed=seed, device=str(device), **report)
     report["timing"].update(load_s=load_s, total_s=time.perf_counter() - begin)
-
-    out = out_dir or run_dir
-    os.makedirs(out, exist_ok=True)
     if f is not None:  # exhaustive: every subset's f and the size picture
         import numpy as np
         buf = io.BytesIO()
@@ -376,6 +385,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     else:  # --singles: how much each edge's removal costs, instead of the pairs
         plot_removals(os.path.join(out, "verify_removals.png"), report)
     write_json(os.path.join(out, "verify.json"), report)
+    sums.remove()  # verify.json holds the results now
     if os.path.abspath(out) == os.path.abspath(run_dir):
         from condense.report import refresh_report
         refresh_report(run_dir)
@@ -387,7 +397,8 @@ def main(argv=None):
         prog="condense verify",
         description="Verify a run's circuit.json: every subset (is it irreducible?) and every pair "
                     "(interactions), or with --local every one- and two-edge removal; writes "
-                    "verify.json and pictures into the run folder.")
+                    "verify.json and pictures into the run folder. Interrupted, the same command "
+                    "goes on where it stopped (verify_state.pt).")
     ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
     ap.add_argument("--max-edges", type=int, default=DEFAULT_MAX_EDGES,
                     help="largest circuit to enumerate (2^n subsets); default %(default)s")

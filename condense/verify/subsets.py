@@ -99,6 +99,7 @@ class SubsetEvaluator:
         self.piece_elements = min(piece_elements, max_elements)
         self.max_subsets_per_pass = max_subsets_per_pass
         self.kept = None  # or {}: first row of a prompt batch -> its _Batch, kept between calls
+        self.resumed = 0  # subset x prompt counts a resumed call found done (mean_logit_diffs)
         self.edges = circuit_edges(graph)
         self.n_edges = len(self.edges)
         self.edge_names = [f"{graph.sender_names[s]}->{graph.receiver_names[r]}" for s, r in self.edges]
@@ -115,21 +116,29 @@ class SubsetEvaluator:
 
     # ------------------------------------------------------------ public entry point
     @torch.no_grad()
-    def mean_logit_diffs(self, subsets, progress=None, with_accuracy=False):
+    def mean_logit_diffs(self, subsets, progress=None, with_accuracy=False, sums=None):
         """Mean LD over the dataset's rows of each subset: `subsets` is int64 ids [N] (bit i =
         edge i) or bool masks [N, n_edges]. Returns float64 [N] on the CPU, and with
         `with_accuracy` also each subset's accuracy (fraction of rows with LD > 0).
-        `progress(done, total)` is called after each pass, in units of subset x prompt."""
+        `progress(done, total)` is called after each pass, in units of subset x prompt.
+        `sums` (condense.verify.resume.SubsetSums): keep the running sums there between runs, and
+        go on from them when they are this evaluation's; `self.resumed` is then the subset x
+        prompt count done before, which `progress` leaves out of both its numbers."""
         device = next(self.model.parameters()).device
         if subsets.dtype == torch.bool:
             if subsets.dim() != 2 or subsets.shape[1] != self.n_edges:
                 raise ValueError(f"subset masks must be [N, {self.n_edges}]")
         elif self.n_edges > 62:
             raise ValueError("subset ids need n_edges <= 62; pass bool masks instead")
-        subsets = subsets.to(device)
         N = subsets.shape[0]
-        totals = torch.zeros(N, dtype=torch.float64)
-        correct = torch.zeros(N, dtype=torch.float64)
+        settings = repr((self.edge_names, self.n_rows, self.batch_size, self.method,
+                         self.intervention, self.max_elements, self.max_subsets_per_pass))
+        units_done, totals, correct = (sums.start(subsets, settings) if sums is not None else
+                                       (0, torch.zeros(N, dtype=torch.float64),
+                                        torch.zeros(N, dtype=torch.float64)))
+        subsets = subsets.to(device)
+        self.resumed = 0
+        unit = 0  # (prompt batch, chunk of subsets) pairs, in this loop's fixed order
         was_training = self.model.training
         self.model.eval()
         try:
@@ -137,6 +146,13 @@ class SubsetEvaluator:
             done = 0
             for idx, clean, corrupted, attn_mask, last in row_batches(
                     self.cols, self.n_rows, self.batch_size, device):
+                per_pass = self._subsets_per_pass(len(idx))
+                starts = range(0, N, per_pass)
+                if unit + len(starts) <= units_done:  # every chunk of this batch done before
+                    unit += len(starts)
+                    done += N * len(idx)
+                    self.resumed = done
+                    continue
                 first = int(idx[0])
                 if self.kept is not None and self.method == "sparse" and first in self.kept:
                     batch = self.kept[first]
@@ -144,9 +160,13 @@ class SubsetEvaluator:
                     batch = self._prepare(idx, clean, corrupted, attn_mask, last)
                     if self.kept is not None and self.method == "sparse":
                         self.kept[first] = batch
-                per_pass = self._subsets_per_pass(len(idx))
-                for start in range(0, N, per_pass):
+                for start in starts:
                     chunk = subsets[start:start + per_pass]
+                    if unit < units_done:
+                        unit += 1
+                        done += len(chunk) * len(idx)
+                        self.resumed = done
+                        continue
                     masks = chunk if chunk.dtype == torch.bool else subset_masks(chunk, self.n_edges)
                     if self.method == "sparse":
                         ld = self._sparse_pass(batch, masks)
@@ -154,9 +174,14 @@ class SubsetEvaluator:
                         ld = self._dense_pass(batch, clean, attn_mask, masks)
                     totals[start:start + len(chunk)] += ld.double().sum(0).cpu()
                     correct[start:start + len(chunk)] += (ld > 0).double().sum(0).cpu()
+                    unit += 1
                     done += len(chunk) * len(idx)
+                    if sums is not None:
+                        sums.update(unit, totals, correct)
                     if progress is not None:
-                        progress(done, N * self.n_rows)
+                        progress(done - self.resumed, N * self.n_rows - self.resumed)
+            if sums is not None:
+                sums.update(unit, totals, correct, final=True)
         finally:
             self._weights = None
             self.model.train(was_training)

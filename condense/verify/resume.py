@@ -1,0 +1,85 @@
+"""verify's resume state: the running sums of a long subset evaluation, saved now and then, so
+that an interrupted `condense verify` goes on where it stopped instead of starting over.
+
+SubsetEvaluator.mean_logit_diffs works in units of (prompt batch, chunk of subsets), always in
+the same order, and adds each unit's logit differences and correct counts into two sums. Those
+sums and the number of units done are all it needs to go on: a resumed evaluation skips the
+units already done and ends with the same sums, bit for bit (float64, added in the same order).
+"""
+import hashlib
+import os
+import sys
+import time
+from typing import Optional
+
+import torch
+
+STATE_FILE = "verify_state.pt"  # in the folder verify writes to, until verify.json is written
+SAVE_EVERY = 60.0  # seconds between saves: a save costs two float64 vectors of the subsets
+
+
+def run_state_key(run, **settings) -> str:
+    """What a run's verify sums depend on besides the subsets: the circuit and the adapter as
+    saved (their files' sizes and times) and `settings` (model, rows, ablation, dtype, ...).
+    The criterion and threshold stay out: they judge the sums, so a resumed run may change them."""
+    from condense.runs import ADAPTER_WEIGHTS
+    files = [run.circuit_path] + [os.path.join(run.path, f) for f in ADAPTER_WEIGHTS]
+    stamps = {os.path.basename(f): (os.path.getsize(f), os.stat(f).st_mtime_ns)
+              for f in files if os.path.exists(f)}
+    return repr((sorted(stamps.items()), sorted((k, str(v)) for k, v in settings.items())))
+
+
+class SubsetSums:
+    """Where an evaluation's sums are kept between runs (a torch file at `path`) and what they
+    are sums of: `key` (the caller's words for the model, adapter, rows and intervention)
+    hashed with the subsets and the evaluator's own settings. Saved atomically at most every
+    `every` seconds (SAVE_EVERY) and when the evaluation ends; a file of other subsets or another key is
+    ignored (and overwritten), so a changed command starts over."""
+
+    def __init__(self, path: str, key: str, every: Optional[float] = None, clock=time.monotonic):
+        self.path, self.key, self.clock = path, key, clock
+        self.every = SAVE_EVERY if every is None else every
+        self.digest: Optional[str] = None
+        self.saved_at = clock()
+
+    def start(self, subsets: torch.Tensor, settings: str) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """(units already done, logit-difference sums, correct counts) for these subsets: from
+        the file when it holds this very evaluation, else nothing done."""
+        h = hashlib.sha1(self.key.encode())
+        h.update(settings.encode())
+        h.update(str(tuple(subsets.shape)).encode() + str(subsets.dtype).encode())
+        h.update(subsets.detach().cpu().contiguous().numpy().tobytes())
+        self.digest = h.hexdigest()
+        self.saved_at = self.clock()
+        n = subsets.shape[0]
+        zeros = (0, torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
+        if not os.path.exists(self.path):
+            return zeros
+        try:
+            state = torch.load(self.path, weights_only=True)
+        except Exception as e:  # a torn or foreign file: start over rather than fail
+            print(f"verify: ignoring {self.path} ({e})", file=sys.stderr, flush=True)
+            return zeros
+        if state.get("digest") != self.digest:
+            print(f"verify: {self.path} is from another evaluation; starting over",
+                  file=sys.stderr, flush=True)
+            return zeros
+        print(f"verify: going on from {self.path} ({int(state['units'])} passes done before)",
+              file=sys.stderr, flush=True)
+        return int(state["units"]), state["totals"].clone(), state["correct"].clone()
+
+    def update(self, units: int, totals: torch.Tensor, correct: torch.Tensor,
+               final: bool = False) -> None:
+        """Save the sums after `units` units when `every` seconds have passed, or when final."""
+        if not final and self.clock() - self.saved_at < self.every:
+            return
+        tmp = f"{self.path}.tmp"
+        torch.save(dict(digest=self.digest, units=units, totals=totals.clone(),
+                        correct=correct.clone()), tmp)
+        os.replace(tmp, self.path)
+        self.saved_at = self.clock()
+
+    def remove(self) -> None:
+        """The evaluation's results are written elsewhere: its sums are no longer needed."""
+        if os.path.exists(self.path):
+            os.remove(self.path)
