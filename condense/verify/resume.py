@@ -33,8 +33,8 @@ class SubsetSums:
     """Where an evaluation's sums are kept between runs (a torch file at `path`) and what they
     are sums of: `key` (the caller's words for the model, adapter, rows and intervention)
     hashed with the subsets and the evaluator's own settings. Saved atomically at most every
-    `every` seconds (SAVE_EVERY) and when the evaluation ends; a file of other subsets or another key is
-    ignored (and overwritten), so a changed command starts over."""
+    `every` seconds (SAVE_EVERY) and when the evaluation ends; a file of other subsets or
+    another key is ignored (and overwritten), so a changed command starts over."""
 
     def __init__(self, path: str, key: str, every: Optional[float] = None, clock=time.monotonic):
         self.path, self.key, self.clock = path, key, clock

@@ -201,7 +201,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         accuracy_reference=accuracy_full, accuracy_full_model=accuracy_model,
         intervention=intervention, method=evaluator.method, n_rows=evaluator.n_rows,
         n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=2 ** n,
-        resumed_subset_prompts=evaluator.resumed, bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
+        resumed_subset_prompts=evaluator.resumed,
+        bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
     report["timing"] = dict(reference_s=reference_s, subsets_s=subsets_s,
                             analysis_s=time.perf_counter() - start,
                             subsets_per_s=new_share * 2 ** n / subsets_s,
