@@ -9,6 +9,8 @@ equal shares the averaged gradient is the gradient of the whole batch's mean los
 processes take the same steps as one (up to float summation order). Parameters are never
 wrapped in DDP: our forwards are run_graph calls, not model.__call__.
 """
+import os
+import time
 from typing import Callable, Optional
 
 import torch
@@ -45,11 +47,67 @@ def all_reduce_(tensor, op="sum"):
     return tensor
 
 
+SAVE_EVERY = 60.0  # seconds between a FitState's saves
+
+
+class FitState:
+    """Where `fit` keeps what it needs to go on after an interruption: the trained parameters,
+    AdamW's moments, the losses so far, and what the caller's loss_fn draws from or appends to
+    (`generators`: torch.Generators by name; `logs`: lists by name, restored in place). Saved
+    atomically (main process) at most every `every` seconds (SAVE_EVERY) and when training ends; a rerun
+    whose fit gets the same path starts after the last saved step and takes the steps an
+    uninterrupted run would. `key` names the training (its length, the shapes of its
+    parameters); a file of another training is ignored."""
+
+    def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
+                 logs: Optional[dict] = None, clock=time.monotonic):
+        self.path, self.clock = path, clock
+        self.every = SAVE_EVERY if every is None else every
+        self.generators, self.logs = generators or {}, logs or {}
+        self.saved_at, self.key, self.resumed_at = clock(), None, 0
+
+    def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
+        """(the step to start at, the losses of the steps before it); (0, []) without a file
+        of this training."""
+        self.key = repr((steps, [tuple(p.shape) for p in params]))
+        self.saved_at = self.clock()
+        if not os.path.exists(self.path):
+            return 0, []
+        state = torch.load(self.path, weights_only=True)
+        if state.get("key") != self.key:
+            return 0, []
+        with torch.no_grad():
+            for p, saved in zip(params, state["params"]):
+                p.copy_(saved)
+        opt.load_state_dict(state["optimizer"])
+        for name, gen in self.generators.items():
+            gen.set_state(state["generators"][name])
+        for name, log in self.logs.items():
+            log[:] = state["logs"][name]
+        self.resumed_at = int(state["step"])
+        return self.resumed_at, list(state["losses"])
+
+    def save(self, step: int, params, opt, losses, final: bool = False) -> None:
+        """After `step` steps (the main process writes; every `every` seconds, or final)."""
+        if world()[0] != 0 or (not final and self.clock() - self.saved_at < self.every):
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        torch.save(dict(key=self.key, step=step, losses=list(losses),
+                        params=[p.detach().cpu().clone() for p in params],
+                        optimizer=opt.state_dict(),
+                        generators={n: g.get_state() for n, g in self.generators.items()},
+                        logs={n: list(log) for n, log in self.logs.items()}), tmp)
+        os.replace(tmp, self.path)
+        self.saved_at = self.clock()
+
+
 def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,
         weight_decay: float = 0.0, desc: str = "train", progress: bool = True,
         after_step: Optional[Callable] = None, check_finite: bool = True, postfix_every: int = 10,
         stop_below: Optional[float] = None, window: int = 10,
-        stop_if: Optional[Callable[[int], bool]] = None) -> list[float]:
+        stop_if: Optional[Callable[[int], bool]] = None,
+        state: Optional[FitState] = None) -> list[float]:
     """`steps` AdamW steps; returns the per-step losses (averaged over processes).
 
     param_groups: a list of tensors, or of dicts as torch.optim takes them (per-group `lr`,
@@ -60,6 +118,8 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
         losses are all-reduced, so every process stops at the same step).
     stop_if(step) -> bool: called after each step's update (every process calls it); stop when
         it is true in every process.
+    state: go on from (and save to) a FitState, so that an interrupted training resumes; a
+        training that stopped early resumes as stopped.
     Raises Diverged if a loss or a parameter becomes NaN/inf; every process raises together,
     since the loss checked is the all-reduced one."""
     groups = list(param_groups)
@@ -67,8 +127,9 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
         groups = [{"params": groups}]
     params = [p for g in groups for p in g["params"]]
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
-    losses = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress or world()[0] != 0)
+    first, losses = state.load(params, opt, steps) if state is not None else (0, [])
+    bar = tqdm(range(first, steps), desc=desc, disable=not progress or world()[0] != 0,
+               initial=first, total=steps)
     for step in bar:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(step)
@@ -87,11 +148,15 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
             after_step(step, losses[-1])
         if step % postfix_every == 0:
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if state is not None:
+            state.save(step + 1, params, opt, losses)
         if stop_below is not None and len(losses) >= window \
                 and sum(losses[-window:]) / window < stop_below:
             break
         if stop_if is not None and _everywhere(bool(stop_if(step)), params[0].device):
             break
+    if state is not None:  # saved as done, an early stop included: its rerun trains no more
+        state.save(steps, params, opt, losses, final=True)
     bar.close()
     return losses
 

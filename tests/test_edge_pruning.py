@@ -294,3 +294,36 @@ def test_hap_vs_ep_bar_is_judged_at_the_target_edge_count(hap_vs_ep):
     slow = hap_vs_ep.aggregate_over_seeds(rows(0, 60.0, 0.05))["ioi"]
     worse = hap_vs_ep.aggregate_over_seeds(rows(0, 50.0, 0.12))["ioi"]
     assert not slow["bar_met"] and not worse["bar_met"]
+
+
+@pytest.mark.parametrize("method", ["edge_pruning", "hap"])
+def test_an_interrupted_run_goes_on_to_the_uninterrupted_circuit(tiny_dir, tmp_path, monkeypatch, method):
+    import condense.optimize
+    import importlib
+    ep_search = importlib.import_module("condense.methods.edge_pruning.search")  # the module, not search()
+    keys = dict(method=method, **(dict(hap_candidates=30) if method == "hap" else {}))
+    for name in ("whole", "stopped"):
+        (tmp_path / name).mkdir()
+    whole, whole_dir = run_recipe(tmp_path / "whole", tiny_dir, **keys)
+    monkeypatch.setattr(condense.optimize, "SAVE_EVERY", 0.0)
+    real, calls = ep_search.run_graph, []
+
+    def failing(*args, **kwargs):
+        if kwargs.get("edge_mask") is not None:  # a training step's forward
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ep_search, "run_graph", failing)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(tmp_path / "stopped", tiny_dir, **keys)
+    state = tmp_path / "stopped" / "run" / "state" / "training.pt"
+    assert torch.load(state, weights_only=True)["step"] == 4
+    monkeypatch.setattr(ep_search, "run_graph", real)
+    resumed, out = run_recipe(tmp_path / "stopped", tiny_dir, **keys)
+    assert resumed["resumed_at_step"] == 4 and whole["resumed_at_step"] == 0
+    assert not state.exists()
+    for key in ("edges", "edges_kept", "sparsity", "kl", "accuracy", "lambda1", "lambda2", "steps"):
+        assert resumed[key] == whole[key], key
+    assert (out / "circuit.json").read_text() == (whole_dir / "circuit.json").read_text()
+    assert (out / "training.jsonl").read_text() == (whole_dir / "training.jsonl").read_text()

@@ -37,3 +37,49 @@ def test_fit_stops_when_stop_if_says_so():
     losses = fit([w], lambda step: ((w - 1) ** 2).sum(), 10, lr=0.1, progress=False,
                  stop_if=lambda step: asked.append(step) or step == 2)
     assert len(losses) == 3 and asked == [0, 1, 2]
+
+
+class Stop(Exception):
+    pass
+
+
+def noisy_training(path=None, stop_at=None):
+    """A fit whose steps draw from a generator and log as they go: (parameter, losses, log)."""
+    from condense.optimize import FitState
+    x = torch.tensor([3.0, -2.0, 1.0], requires_grad=True)
+    gen, log = torch.Generator().manual_seed(0), []
+
+    def loss_fn(step):
+        if step == stop_at:
+            raise Stop
+        noise = torch.randn(3, generator=gen)
+        log.append(step)
+        return ((x - noise) ** 2).sum()
+    state = FitState(str(path), every=0, generators={"noise": gen}, logs={"log": log}) if path else None
+    losses = fit([x], loss_fn, 30, lr=0.05, progress=False, state=state)
+    return x.detach(), losses, log, state
+
+
+def test_an_interrupted_fit_resumes_with_the_uninterrupted_steps(tmp_path):
+    x, losses, log, _ = noisy_training()
+    path = tmp_path / "state" / "fit.pt"
+    with pytest.raises(Stop):
+        noisy_training(path, stop_at=11)
+    assert torch.load(path, weights_only=True)["step"] == 11
+    x2, losses2, log2, state = noisy_training(path)
+    assert state.resumed_at == 11
+    assert torch.equal(x2, x) and losses2 == losses and log2 == log == list(range(30))
+    # finished: a third run trains no more and returns the same
+    x3, losses3, _, state = noisy_training(path, stop_at=0)
+    assert state.resumed_at == 30 and torch.equal(x3, x) and losses3 == losses
+
+
+def test_a_fit_state_of_another_training_is_not_used(tmp_path):
+    from condense.optimize import FitState
+    path = tmp_path / "fit.pt"
+    with pytest.raises(Stop):
+        noisy_training(path, stop_at=5)
+    y = torch.zeros(2, requires_grad=True)  # other shapes: starts from step 0
+    state = FitState(str(path), every=0)
+    losses = fit([y], lambda step: ((y - 1) ** 2).sum(), 4, lr=0.1, progress=False, state=state)
+    assert state.resumed_at == 0 and len(losses) == 4

@@ -87,7 +87,8 @@ P(z != 0) of each edge, 0 for HAP's non-candidates; `in_graph` = the final circu
 circuit.png, training.png (expected edges, target and KL per step), training.jsonl (the
 logged steps), state/masks.safetensors (log_alpha [n_senders, n_receivers], -inf where no
 gate), metrics.json. recipe.yaml is written by condense.runs. There is no adapter (the model is
-frozen). A run is short, so it does not resume: rerunning starts over.
+frozen). state/training.pt (condense.optimize.FitState) holds the mask training while it runs:
+rerunning an interrupted run goes on from its last save and ends as an uninterrupted one.
 
 Data parallel (`runner.data_parallel`): every process draws the same batch indices and gate
 noise from the same seeded generators and trains on its share of each batch

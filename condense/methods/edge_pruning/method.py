@@ -111,7 +111,10 @@ def run(ctx: RunContext) -> dict:
     start = time.perf_counter()
     method = "hap" if hap else "edge_pruning"
     log(f"{method} {cfg.task}: target sparsity {cfg.ep_target_sparsity}")
-    res = search(model, rows["train"], cfg, hap=hap, means=means)
+    training = ctx.path(os.path.join("state", "training.pt"))  # an interrupted run goes on from it
+    res = search(model, rows["train"], cfg, hap=hap, means=means, state_path=training)
+    if res["resumed_at"]:
+        log(f"went on from {training} at step {res['resumed_at']}")
     circuit, masks = res["circuit"], res["masks"]
     if hap:
         log(f"{cfg.hap_attribution}: {res['n_candidates']} candidate edges of {res['n_edges']} "
@@ -135,6 +138,7 @@ def run(ctx: RunContext) -> dict:
         logit_diff_full=test["logit_diff_full"], logit_diff_empty=test["logit_diff_empty"],
         train_kl_last=last["kl"], lambda1=float(res["lambdas"][0]), lambda2=float(res["lambdas"][1]),
         rank_seconds=res["rank_seconds"], train_seconds=res["train_seconds"],
+        resumed_at_step=res["resumed_at"],
         search_seconds=res["search_seconds"], search_cpu_seconds=res["cpu_seconds"],
         wall_seconds=time.perf_counter() - start,
         n_train=len(rows["train"]), n_test=len(rows["test"]))
@@ -148,7 +152,10 @@ def run(ctx: RunContext) -> dict:
         atomic_write(ctx.path("training.jsonl"), "".join(json.dumps(h) + "\n" for h in res["history"]))
         plot_training(res["history"], ctx.path("training.png"),
                       f"{method} on {cfg.task}: expected edges and KL per step")
-    return save_run(ctx, metrics, circuit)
+    out = save_run(ctx, metrics, circuit)
+    if ctx.is_main and os.path.exists(training):
+        os.remove(training)  # the run is written: nothing left to go on from
+    return out
 
 
 register("edge_pruning", EdgePruningConfig, run, data_parallel=True,

@@ -10,7 +10,7 @@ from condense.evaluate import dataset_columns
 from condense.graph import Graph
 from condense.methods.edge_pruning.masks import EdgeMasks, lagrangian, sample_uniform
 from condense.metrics import eval_mode, kl_rows, last_logits, pad_batch
-from condense.optimize import all_reduce_, fit, shard
+from condense.optimize import FitState, all_reduce_, fit, shard
 from condense.patching import run_graph
 
 # ------------------------------------------------------------------ schedule
@@ -58,9 +58,12 @@ def kl_last(logits, target_logp):
 
 
 def train_masks(model, graph, masks, rows, target_logp, cfg, *, steps, ramp_steps,
-                start_sparsity=0.0, means=None, desc="edge pruning", progress=True):
+                start_sparsity=0.0, means=None, desc="edge pruning", progress=True,
+                state=None):
     """Edge Pruning's min-max training of `masks` (EdgeMasks) through condense.optimize.fit.
-    Returns (history: logged steps, lambdas [2])."""
+    Returns (history: logged steps, lambdas [2]). state (condense.optimize.FitState): save the
+    training there as it goes, and go on from it; its batch and noise draws and its history
+    are saved too."""
     cols, n = dataset_columns(rows)
     device = next(model.parameters()).device
     batch_gen = torch.Generator().manual_seed(int(cfg.seed))          # same batches for EP and HAP
@@ -103,9 +106,12 @@ def train_masks(model, graph, masks, rows, target_logp, cfg, *, steps, ramp_step
         with torch.no_grad():
             masks.log_alpha.clamp_(-bound, bound)
 
+    if state is not None:
+        state.generators.update(batch=batch_gen, noise=noise_gen)
+        state.logs.update(history=history)
     with eval_mode(model):  # dropout off: the masks learn on the frozen model's own outputs
         fit(groups, loss_fn, steps, lr=cfg.ep_lr, weight_decay=0.0, desc=desc, progress=progress,
-            after_step=clamp)
+            after_step=clamp, state=state)
     return history, lambdas.detach()
 
 
@@ -132,13 +138,14 @@ def hap_candidates(model, graph, rows, cfg, means=None, progress=True):
     return ranked.in_graph.clone()
 
 
-def search(model, rows, cfg, hap=False, means=None, progress=True):
+def search(model, rows, cfg, hap=False, means=None, progress=True, state_path=None):
     """Edge Pruning (or HAP) on `rows` (the train split). Returns a dict: circuit (pruned
     Graph), masks, history, lambdas, steps, ramp_steps, start_sparsity, n_candidates,
     candidates (bool [S, R] or None), scores (HAP's attribution), edges_kept, n_edges, and
     seconds: rank (HAP's attribution), train (the mask optimisation), search (everything,
     targets included; wall clock) and cpu (the same span in this process's CPU time, which
-    other jobs on the machine disturb less)."""
+    other jobs on the machine disturb less), and resumed_at (the mask training's first step
+    when it went on from a save at `state_path`; else 0)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     graph = Graph.from_model(model)
     n_edges = int(graph.valid.sum())
@@ -154,9 +161,12 @@ def search(model, rows, cfg, hap=False, means=None, progress=True):
     start_sparsity = hap_start_sparsity(cfg, n_edges) if hap else 0.0
     steps, ramp = hap_schedule(cfg, start_sparsity) if hap else ep_schedule(cfg)
     t0 = time.perf_counter()
+    state = FitState(state_path) if state_path else None
     history, lambdas = train_masks(model, graph, masks, rows, target_logp, cfg, steps=steps,
                                    ramp_steps=ramp, start_sparsity=start_sparsity, means=means,
-                                   desc="hap" if hap else "edge pruning", progress=progress)
+                                   desc="hap" if hap else "edge pruning", progress=progress,
+                                   state=state)
+    resumed_at = state.resumed_at if state else 0
     train_seconds = time.perf_counter() - t0
     circuit = masks.circuit(graph)
     kept = circuit.count_edges()
@@ -164,6 +174,6 @@ def search(model, rows, cfg, hap=False, means=None, progress=True):
     return dict(circuit=circuit, masks=masks, history=history, lambdas=lambdas, steps=steps,
                 ramp_steps=ramp, start_sparsity=start_sparsity, n_candidates=masks.n_trainable,
                 candidates=candidates, scores=scores, edges_kept=kept, n_edges=n_edges,
-                rank_seconds=rank_seconds, train_seconds=train_seconds,
+                rank_seconds=rank_seconds, train_seconds=train_seconds, resumed_at=resumed_at,
                 search_seconds=time.perf_counter() - start,
                 cpu_seconds=time.process_time() - cpu_start)
