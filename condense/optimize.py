@@ -9,6 +9,7 @@ equal shares the averaged gradient is the gradient of the whole batch's mean los
 processes take the same steps as one (up to float summation order). Parameters are never
 wrapped in DDP: our forwards are run_graph calls, not model.__call__.
 """
+import copy
 import os
 import time
 from typing import Callable, Optional
@@ -52,18 +53,19 @@ SAVE_EVERY = 60.0  # seconds between a FitState's saves
 
 class FitState:
     """Where `fit` keeps what it needs to go on after an interruption: the trained parameters,
-    AdamW's moments, the losses so far, and what the caller's loss_fn draws from or appends to
-    (`generators`: torch.Generators by name; `logs`: lists by name, restored in place). Saved
+    AdamW's moments, the losses so far, and what the caller's loss_fn and after_step draw from
+    or add to (`generators`: torch.Generators by name; `logs`: lists or dicts by name;
+    `tensors`: accumulators by name; the last two restored in place). Saved
     atomically (main process) at most every `every` seconds (SAVE_EVERY) and when training ends; a rerun
     whose fit gets the same path starts after the last saved step and takes the steps an
     uninterrupted run would. `key` names the training (its length, the shapes of its
     parameters); a file of another training is ignored."""
 
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
-                 logs: Optional[dict] = None, clock=time.monotonic):
+                 logs: Optional[dict] = None, tensors: Optional[dict] = None, clock=time.monotonic):
         self.path, self.clock = path, clock
         self.every = SAVE_EVERY if every is None else every
-        self.generators, self.logs = generators or {}, logs or {}
+        self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
         self.saved_at, self.key, self.resumed_at = clock(), None, 0
 
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
@@ -83,7 +85,14 @@ class FitState:
         for name, gen in self.generators.items():
             gen.set_state(state["generators"][name])
         for name, log in self.logs.items():
-            log[:] = state["logs"][name]
+            if isinstance(log, dict):
+                log.clear()
+                log.update(state["logs"][name])
+            else:
+                log[:] = state["logs"][name]
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                tensor.copy_(state["tensors"][name])
         self.resumed_at = int(state["step"])
         return self.resumed_at, list(state["losses"])
 
@@ -97,7 +106,8 @@ class FitState:
                         params=[p.detach().cpu().clone() for p in params],
                         optimizer=opt.state_dict(),
                         generators={n: g.get_state() for n, g in self.generators.items()},
-                        logs={n: list(log) for n, log in self.logs.items()}), tmp)
+                        logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
+                        tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()}), tmp)
         os.replace(tmp, self.path)
         self.saved_at = self.clock()
 

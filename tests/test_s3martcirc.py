@@ -415,3 +415,33 @@ def test_paired_drop_difference_is_the_exact_mcnemar_test():
     assert paired_drop_difference("0101", "0101")["p"] == 1.0  # no discordant row
     with pytest.raises(ValueError, match="4 and 3 rows"):
         paired_drop_difference("0101", "010")
+
+
+def test_an_interrupted_training_goes_on_to_the_uninterrupted_result(organism_rows, tmp_path, monkeypatch):
+    import importlib
+    from condense.optimize import FitState
+    method = importlib.import_module("condense.methods.s3martcirc.method")
+    model, rows = organism_rows
+    g = Graph.from_model(model)
+    s = S3Settings(epochs=2, warmup_epochs=1, k=2, batch_size=8, sparsity=3.0, binary_weight=3.0)
+    whole = train_s3martcirc(model, g, rows, s, progress=False)
+    real, calls = method.masked_logits, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the third discovery step, after a classification step
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(method, "masked_logits", failing)
+    path = str(tmp_path / "training.pt")
+    with pytest.raises(KeyboardInterrupt):
+        train_s3martcirc(model, g, rows, s, progress=False, state=FitState(path, every=0))
+    monkeypatch.setattr(method, "masked_logits", real)
+    state = FitState(path, every=0)
+    resumed = train_s3martcirc(model, g, rows, s, progress=False, state=state)
+    assert 0 < state.resumed_at < len(s.schedule(len(rows)))
+    assert torch.equal(resumed.logits_heads, whole.logits_heads)
+    assert torch.equal(resumed.logits_neurons, whole.logits_neurons)
+    assert torch.equal(resumed.importance.heads, whole.importance.heads)
+    assert torch.equal(resumed.importance.neurons, whole.importance.neurons)
+    assert resumed.history == whole.history

@@ -284,8 +284,11 @@ def _fi_targets(fi, threshold):
     return (fi.heads >= thr_h).float(), (fi.neurons >= thr_n).float(), dict(heads=thr_h, neurons=thr_n)
 
 
-def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True, data=None):
-    """Train the node coefficients on `rows` (see the module docstring); returns S3Result."""
+def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True, data=None,
+                     state=None):
+    """Train the node coefficients on `rows` (see the module docstring); returns S3Result.
+    state (condense.optimize.FitState): save the training there as it goes, and go on from it
+    (the importance sums and the epoch logs with it; batches are drawn per epoch from the seed)."""
     start = time.perf_counter()
     p = next(model.parameters())
     device = p.device
@@ -370,9 +373,12 @@ def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True,
                        passthrough=int((r_h == 1).sum() + (r_n == 1).sum()))
             history.append(rec)
 
+    if state is not None:
+        state.logs.update(history=history, epoch_log=epoch_log)
+        state.tensors.update(importance_heads=importance[0], importance_neurons=importance[1])
     with eval_mode(model):
         fit([theta_h, theta_n], loss_fn, len(schedule), lr=s.lr, weight_decay=s.weight_decay,
-            desc="s3martcirc", progress=progress, after_step=after_step)
+            desc="s3martcirc", progress=progress, after_step=after_step, state=state)
     n_discovery = sum(1 for kind, _, _ in schedule if kind == "d")
     importance = [all_reduce_(t.to(device), "mean").cpu() / n_discovery for t in importance]
     return S3Result(theta_h.detach().cpu(), theta_n.detach().cpu(), fi, thresholds,

@@ -4,6 +4,7 @@ and the artifacts (circuit.json with roles, circuit.png, roles.json, training.pn
 metrics.json). Only the main process writes.
 """
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -12,6 +13,7 @@ import torch
 from condense.artifacts import atomic_write, write_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
 from condense.methods import register
+from condense.optimize import FitState
 from condense.runs import RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
     BASELINES,
@@ -252,7 +254,11 @@ def run_s3martcirc(ctx: RunContext) -> dict:
     settings = cfg.settings()
     log(f"{graph.n_layers * graph.n_heads} heads + {graph.n_layers * graph.shape.d_mlp} neurons")
     torch.manual_seed(settings.seed)
-    result = train_s3martcirc(model, graph, rows["train"], settings, means=means, progress=main)
+    state = FitState(ctx.path(os.path.join("state", "training.pt")))  # a rerun goes on from it
+    result = train_s3martcirc(model, graph, rows["train"], settings, means=means, progress=main,
+                              state=state)
+    if state.resumed_at:
+        log(f"went on from {state.path} at step {state.resumed_at}")
     candidates = result.candidates()
     nodes = connected_nodes(graph, candidates)
     size = len(nodes)
@@ -294,6 +300,7 @@ def run_s3martcirc(ctx: RunContext) -> dict:
         method=cfg.method, task=cfg.task, model=cfg.model, intervention=cfg.intervention,
         nodes_total=graph.n_layers * (graph.n_heads + graph.shape.d_mlp),
         n_train=len(rows["train"]), n_test=len(rows["test"]), discovery_steps=result.discovery_steps,
+        resumed_at_step=state.resumed_at,
         s3martcirc=s3, ceiling=dict(accuracy_drop=ceiling["accuracy_drop"],
                                     logit_drop=ceiling["logit_drop"]),
         budgets=budgets, recovery_reference=reference,
@@ -311,7 +318,10 @@ def run_s3martcirc(ctx: RunContext) -> dict:
         write_json(ctx.path("roles.json"), dict(
             fi_thresholds=result.thresholds, nodes=roles_table(graph, result, nodes)))
         plot_history(result.history, ctx.path("training.png"), f"S3martCirc on {cfg.task}: {size} nodes")
-    return save_run(ctx, metrics, circuit)
+    out = save_run(ctx, metrics, circuit)
+    if main and os.path.exists(state.path):
+        os.remove(state.path)  # the run is written: nothing left to go on from
+    return out
 
 
 register("s3martcirc", S3Config, run_s3martcirc, data_parallel=True,
