@@ -100,15 +100,13 @@ class FitState:
         """After `step` steps (the main process writes; every `every` seconds, or final)."""
         if world()[0] != 0 or (not final and self.clock() - self.saved_at < self.every):
             return
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        tmp = f"{self.path}.tmp"
-        torch.save(dict(key=self.key, step=step, losses=list(losses),
-                        params=[p.detach().cpu().clone() for p in params],
-                        optimizer=opt.state_dict(),
-                        generators={n: g.get_state() for n, g in self.generators.items()},
-                        logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
-                        tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()}), tmp)
-        os.replace(tmp, self.path)
+        from condense.artifacts import atomic_write
+        saved = dict(key=self.key, step=step, losses=list(losses),
+                     params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
+                     generators={n: g.get_state() for n, g in self.generators.items()},
+                     logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
+                     tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()})
+        atomic_write(self.path, lambda f: torch.save(saved, f), mode="wb")
         self.saved_at = self.clock()
 
 

@@ -73,10 +73,10 @@ class SubsetSums:
         """Save the sums after `units` units when `every` seconds have passed, or when final."""
         if not final and self.clock() - self.saved_at < self.every:
             return
-        tmp = f"{self.path}.tmp"
-        torch.save(dict(digest=self.digest, units=units, totals=totals.clone(),
-                        correct=correct.clone()), tmp)
-        os.replace(tmp, self.path)
+        from condense.artifacts import atomic_write
+        atomic_write(self.path, lambda f: torch.save(dict(
+            digest=self.digest, units=units, totals=totals.clone(), correct=correct.clone()), f),
+            mode="wb")
         self.saved_at = self.clock()
 
     def remove(self) -> None:
