@@ -58,12 +58,14 @@ class FitState:
     `tensors`: accumulators by name; the last two restored in place). Saved
     atomically (main process) at most every `every` seconds (SAVE_EVERY) and when training ends; a rerun
     whose fit gets the same path starts after the last saved step and takes the steps an
-    uninterrupted run would. `key` names the training (its length, the shapes of its
-    parameters); a file of another training is ignored."""
+    uninterrupted run would (the global torch generator, which dropout draws from, is saved
+    too). The file names its training (`what`, the caller's words for it, its length and the
+    shapes of its parameters); a file of another training is ignored."""
 
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
-                 logs: Optional[dict] = None, tensors: Optional[dict] = None, clock=time.monotonic):
-        self.path, self.clock = path, clock
+                 logs: Optional[dict] = None, tensors: Optional[dict] = None, what: str = "",
+                 clock=time.monotonic):
+        self.path, self.clock, self.what = path, clock, what
         self.every = SAVE_EVERY if every is None else every
         self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
         self.saved_at, self.key, self.resumed_at = clock(), None, 0
@@ -71,7 +73,7 @@ class FitState:
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
         """(the step to start at, the losses of the steps before it); (0, []) without a file
         of this training."""
-        self.key = repr((steps, [tuple(p.shape) for p in params]))
+        self.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
         self.saved_at = self.clock()
         if not os.path.exists(self.path):
             return 0, []
@@ -84,6 +86,7 @@ class FitState:
         opt.load_state_dict(state["optimizer"])
         for name, gen in self.generators.items():
             gen.set_state(state["generators"][name])
+        torch.set_rng_state(state["torch_rng"])  # dropout in train mode draws from it
         for name, log in self.logs.items():
             if isinstance(log, dict):
                 log.clear()
@@ -104,6 +107,7 @@ class FitState:
         saved = dict(key=self.key, step=step, losses=list(losses),
                      params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
                      generators={n: g.get_state() for n, g in self.generators.items()},
+                     torch_rng=torch.get_rng_state(),
                      logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
                      tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()})
         atomic_write(self.path, lambda f: torch.save(saved, f), mode="wb")

@@ -9,7 +9,7 @@ from condense.evaluate import dataset_columns
 from condense.methods.condensation.config import ALL_LINEAR
 from condense.metrics import eval_mode, kl_rows, pad_batch
 from condense.model_parts import model_shape
-from condense.optimize import Diverged, fit, shard
+from condense.optimize import Diverged, FitState, fit, shard
 from condense.patching import run_graph
 
 # residual-stream writers per model family (attention output and MLP down projections)
@@ -165,8 +165,15 @@ def general_loss(model, blocks):
     return kl_rows(target, logp).mean()
 
 
+def edge_key(graph) -> str:
+    """A short fingerprint of a circuit's edge set ('already rejected' checks, heal saves)."""
+    import hashlib
+    on = (graph.in_graph & graph.valid).flatten().nonzero().flatten().tolist()
+    return hashlib.sha1(",".join(map(str, on)).encode()).hexdigest()[:16]
+
+
 def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,
-         accepts=None, corrupted_logp=None):
+         accepts=None, corrupted_logp=None, state_path=None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
@@ -176,7 +183,9 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     `heal_dtype` (e.g. bfloat16): the steps compute in that dtype (base_weights_in).
     `accepts()` -> bool (the gate on this candidate): with `heal_gate_every` > 0 it is asked
     every that many steps, in eval mode with the base weights in their own dtype, and the heal
-    ends once it accepts (never at the last step: the caller gates the result anyway)."""
+    ends once it accepts (never at the last step: the caller gates the result anyway).
+    state_path: save the heal there as it goes (condense.optimize.FitState, named by the
+    circuit's edges) and go on from it, so that a heal killed mid-way resumes."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
@@ -205,8 +214,10 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     model.train()
     try:
         with base_weights_in(model, cfg.heal_dtype) as originals:
+            state = (FitState(state_path, generators={"batches": gen}, what=f"{edge_key(graph)}, {n} rows")
+                     if state_path else None)
             return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,
                        desc=desc or f"heal round {rnd}", progress=progress,
-                       stop_below=cfg.heal_stop_loss or None, stop_if=gate_accepts)
+                       stop_below=cfg.heal_stop_loss or None, stop_if=gate_accepts, state=state)
     finally:
         model.eval()

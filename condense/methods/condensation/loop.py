@@ -23,6 +23,7 @@ from .healing import (
     _round_seed,
     adapter_state,
     add_adapter,
+    edge_key,
     heal,
     last_logprobs,
     load_adapter_state,
@@ -162,6 +163,10 @@ class _Loop:
         else:
             log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
                 f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
+            if is_main():
+                self._drop_spent_heals(state["round"])
+                if state.get("final_heal") and os.path.exists(self._heal_file("final")):
+                    os.remove(self._heal_file("final"))  # committed before a kill removed it
         return state, circuit
 
     def round(self, state, circuit):
@@ -178,7 +183,7 @@ class _Loop:
             candidate = circuit.copy()
         accepted_adapter = adapter_state(model)
         note, losses = "", []
-        key = _edge_key(candidate)
+        key = edge_key(candidate)
         try:
             if cfg.prune and candidate.count_edges(on_path=True) == 0:
                 raise _Skip("no input -> logits path left")
@@ -192,6 +197,7 @@ class _Loop:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
                               general_blocks=self.train_blocks, corrupted_logp=self.corrupted_logp,
+                              state_path=self._heal_file(rnd),
                               # heal-only (prune=false) heals in full: its heal is the control
                               accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
@@ -230,7 +236,23 @@ class _Loop:
         state = _save_state(self.out, model, circuit, state)
         if is_main():
             _write_rounds(self.out, state["rounds"])
+            self._drop_spent_heals(rnd)  # committed: the heal's own save is spent
         return state, circuit
+
+    def _heal_file(self, rnd) -> str:
+        """Where round `rnd`'s heal (or, as "final", the final heal) saves itself as it goes, so
+        that a run killed mid-heal goes on from there instead of healing from the start."""
+        name = "heal_final.pt" if rnd == "final" else f"heal_r{rnd:04d}.pt"
+        return os.path.join(self.out, "state", name)
+
+    def _drop_spent_heals(self, committed_round):
+        """Remove the heal saves of rounds up to `committed_round` (a kill between a round's
+        commit and this leaves one, which the next start removes)."""
+        sdir = os.path.join(self.out, "state")
+        for name in os.listdir(sdir) if os.path.isdir(sdir) else []:
+            if name.startswith("heal_r") and name.endswith(".pt") \
+                    and int(name[len("heal_r"):-len(".pt")]) <= committed_round:
+                os.remove(os.path.join(sdir, name))
 
     def _agreed(self, ok):
         """The same accept/reject decision in every process, even if floats ever differed."""
@@ -259,7 +281,7 @@ class _Loop:
         try:
             losses = heal(model, circuit, rows, target, steps_cfg, rnd,
                           general_blocks=self.train_blocks, desc="final heal",
-                          corrupted_logp=corrupted)
+                          corrupted_logp=corrupted, state_path=self._heal_file("final"))
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
             losses, ok, g = [], False, _NOT_GATED
@@ -277,7 +299,10 @@ class _Loop:
             f"f {record['faithfulness']:.3f}: "
             f"{'kept' if ok else 'rejected, the last accepted adapter kept'}")
         state["final_heal"] = record
-        return _save_state(self.out, model, circuit, state)
+        state = _save_state(self.out, model, circuit, state)
+        if is_main() and os.path.exists(self._heal_file("final")):
+            os.remove(self._heal_file("final"))
+        return state
 
     def undo_final_heal(self, state, circuit):
         """Back to the adapter the final heal started from (before more rounds, or before a
@@ -374,13 +399,6 @@ def _gate_fields(g: dict) -> dict:
 
 class _Skip(Exception):
     """A candidate rejected without healing it (empty, or already rejected)."""
-
-
-def _edge_key(graph):
-    """A short fingerprint of a circuit's edge set (for 'already rejected' checks)."""
-    import hashlib
-    on = (graph.in_graph & graph.valid).flatten().nonzero().flatten().tolist()
-    return hashlib.sha1(",".join(map(str, on)).encode()).hexdigest()[:16]
 
 
 def initial_circuit(full, cfg, model):
