@@ -11,6 +11,7 @@ wrapped in DDP: our forwards are run_graph calls, not model.__call__.
 """
 import copy
 import os
+import sys
 import time
 from typing import Callable, Optional
 
@@ -97,6 +98,9 @@ class FitState:
             for name, tensor in self.tensors.items():
                 tensor.copy_(state["tensors"][name])
         self.resumed_at = int(state["step"])
+        if world()[0] == 0:
+            print(f"going on from {self.path}: step {self.resumed_at} of {steps}",
+                  file=sys.stderr, flush=True)
         return self.resumed_at, list(state["losses"])
 
     def save(self, step: int, params, opt, losses, final: bool = False) -> None:
