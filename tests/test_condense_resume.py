@@ -149,66 +149,54 @@ def test_final_heal_is_gated_recorded_and_undone_when_its_settings_change(tiny_m
     assert not rejected["final_heal"]["accepted"] and same(before, adapter(out))
 
 
-def test_a_run_killed_mid_heal_goes_on_from_the_heals_last_save(tiny_model, tmp_path, monkeypatch):
-    """Each heal saves itself as it goes (state/heal_rNNNN.pt): killed at the fourth step of
-    round 2's heal, the rerun heals only the steps left and ends with the uninterrupted run's
-    rounds, circuit and adapter."""
+def killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at):
+    """Run `recipe` into `out` with a KeyboardInterrupt at the heal loss's call `kill_at` (every
+    heal saving after each step), then again undisturbed. Returns (the rerun's metrics, the heal
+    steps the rerun took)."""
     import condense.optimize
-    from safetensors.torch import load_file
     monkeypatch.setattr(condense.optimize, "SAVE_EVERY", 0.0)
-    recipe = _recipe(tmp_path, tiny_model, heal_steps=6, max_rounds=2)
-    whole = str(tmp_path / "whole")
-    _run(recipe, f"output_dir={whole}")
-    real, calls = healing.heal_loss, []
+    real, calls = healing.heal_loss, {"n": 0, "kill": True}
 
     def counting(*a, **k):
-        calls.append(1)
-        if kill and len(calls) == 6 + 4:  # round 1's six steps, then round 2's fourth
+        calls["n"] += 1
+        if calls["kill"] and calls["n"] == kill_at:
             raise KeyboardInterrupt("killed mid-heal")
         return real(*a, **k)
     monkeypatch.setattr(healing, "heal_loss", counting)
-    out = str(tmp_path / "out")
-    kill = True
     with pytest.raises(KeyboardInterrupt):
         _run(recipe, f"output_dir={out}")
-    heal_file = os.path.join(out, "state", "heal_r0002.pt")
-    assert torch.load(heal_file, weights_only=True)["step"] == 3
-    kill, calls[:] = False, []
-    _run(recipe, f"output_dir={out}")
-    assert len(calls) == 6 - 3  # only round 2's last three steps were healed again
-    assert not os.path.exists(heal_file)
+    calls.update(n=0, kill=False)
+    return _run(recipe, f"output_dir={out}"), calls["n"]
+
+
+def same_adapter(a_dir, b_dir):
+    from safetensors.torch import load_file
+    a, b = (load_file(os.path.join(d, "adapter_model.safetensors")) for d in (a_dir, b_dir))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_killed_mid_heal_goes_on_from_the_heals_last_save(tiny_model, tmp_path, monkeypatch):
+    """Each heal saves itself as it goes (state/heal_rNNNN.pt): killed at the fourth step of
+    round 2's heal (after round 1's six), the rerun heals only the three steps left and ends
+    with the uninterrupted run's rounds, circuit and adapter."""
+    recipe = _recipe(tmp_path, tiny_model, heal_steps=6, max_rounds=2)
+    whole, out = str(tmp_path / "whole"), str(tmp_path / "out")
+    _run(recipe, f"output_dir={whole}")
+    _, healed = killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at=6 + 4)
+    assert healed == 6 - 3 and not os.path.exists(os.path.join(out, "state", "heal_r0002.pt"))
 
     def same(rounds):
         return [{k: v for k, v in r.items() if k != "time"} for r in rounds]
     assert same(_rounds(out)) == same(_rounds(whole))
-    assert _edges(out) == _edges(whole)
-    a, b = (load_file(os.path.join(d, "adapter_model.safetensors")) for d in (out, whole))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _edges(out) == _edges(whole) and same_adapter(out, whole)
 
 
 def test_a_run_killed_in_its_final_heal_goes_on_from_its_last_save(tiny_model, tmp_path, monkeypatch):
-    import condense.optimize
-    from safetensors.torch import load_file
-    monkeypatch.setattr(condense.optimize, "SAVE_EVERY", 0.0)
     recipe = _recipe(tmp_path, tiny_model, heal_steps=2, max_rounds=1, final_heal_steps=6)
-    whole = str(tmp_path / "whole")
+    whole, out = str(tmp_path / "whole"), str(tmp_path / "out")
     whole_metrics = _run(recipe, f"output_dir={whole}")
-    real, calls = healing.heal_loss, []
-
-    def counting(*a, **k):
-        calls.append(1)
-        if kill and len(calls) == 2 + 5:  # round 1's two steps, then the final heal's fifth
-            raise KeyboardInterrupt("killed in the final heal")
-        return real(*a, **k)
-    monkeypatch.setattr(healing, "heal_loss", counting)
-    out = str(tmp_path / "out")
-    kill = True
-    with pytest.raises(KeyboardInterrupt):
-        _run(recipe, f"output_dir={out}")
-    kill, calls[:] = False, []
-    metrics = _run(recipe, f"output_dir={out}")
-    assert len(calls) == 6 - 4 and not os.path.exists(os.path.join(out, "state", "heal_final.pt"))
+    metrics, healed = killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at=2 + 5)
+    assert healed == 6 - 4 and not os.path.exists(os.path.join(out, "state", "heal_final.pt"))
     fields = ("accepted", "accuracy", "kl", "heal_loss", "steps")
     assert {k: metrics["final_heal"][k] for k in fields} == {k: whole_metrics["final_heal"][k] for k in fields}
-    a, b = (load_file(os.path.join(d, "adapter_model.safetensors")) for d in (out, whole))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_adapter(out, whole)
