@@ -56,12 +56,13 @@ class FitState:
     """Where `fit` keeps what it needs to go on after an interruption: the trained parameters,
     AdamW's moments, the losses so far, and what the caller's loss_fn and after_step draw from
     or add to (`generators`: torch.Generators by name; `logs`: lists or dicts by name;
-    `tensors`: accumulators by name; the last two restored in place). Saved
-    atomically (main process) at most every `every` seconds (SAVE_EVERY) and when training ends; a rerun
-    whose fit gets the same path starts after the last saved step and takes the steps an
-    uninterrupted run would (the global torch generator, which dropout draws from, is saved
+    `tensors`: accumulators by name; the last two restored in place). Saved atomically (main
+    process) at most every `every` seconds (SAVE_EVERY) and when training ends; a rerun whose
+    fit gets the same path starts after the last saved step and takes the steps an
+    uninterrupted run would (the global torch generators, which dropout draws from, are saved
     too). The file names its training (`what`, the caller's words for it, its length and the
-    shapes of its parameters); a file of another training is ignored."""
+    shapes of its parameters); a file of another training, or one that does not load, is
+    ignored."""
 
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
                  logs: Optional[dict] = None, tensors: Optional[dict] = None, what: str = "",
@@ -78,7 +79,11 @@ class FitState:
         self.saved_at = self.clock()
         if not os.path.exists(self.path):
             return 0, []
-        state = torch.load(self.path, weights_only=True)
+        try:
+            state = torch.load(self.path, weights_only=True)
+        except Exception as e:  # not a save of ours: train from the start rather than fail
+            print(f"ignoring {self.path} ({e})", file=sys.stderr, flush=True)
+            return 0, []
         if state.get("key") != self.key:
             return 0, []
         with torch.no_grad():
@@ -88,6 +93,8 @@ class FitState:
         for name, gen in self.generators.items():
             gen.set_state(state["generators"][name])
         torch.set_rng_state(state["torch_rng"])  # dropout in train mode draws from it
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         for name, log in self.logs.items():
             if isinstance(log, dict):
                 log.clear()
@@ -112,6 +119,7 @@ class FitState:
                      params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
                      generators={n: g.get_state() for n, g in self.generators.items()},
                      torch_rng=torch.get_rng_state(),
+                     cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                      logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
                      tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()})
         atomic_write(self.path, lambda f: torch.save(saved, f), mode="wb")

@@ -83,3 +83,14 @@ def test_a_fit_state_of_another_training_is_not_used(tmp_path):
     state = FitState(str(path), every=0)
     losses = fit([y], lambda step: ((y - 1) ** 2).sum(), 4, lr=0.1, progress=False, state=state)
     assert state.resumed_at == 0 and len(losses) == 4
+
+
+def test_a_fit_state_that_does_not_load_is_ignored(tmp_path, capsys):
+    from condense.optimize import FitState
+    path = tmp_path / "fit.pt"
+    path.write_bytes(b"not a save")
+    y = torch.zeros(2, requires_grad=True)
+    state = FitState(str(path), every=0)
+    assert len(fit([y], lambda step: ((y - 1) ** 2).sum(), 3, lr=0.1, progress=False, state=state)) == 3
+    assert state.resumed_at == 0 and "ignoring" in capsys.readouterr().err
+    assert torch.load(path, weights_only=True)["step"] == 3  # replaced by this training's save
