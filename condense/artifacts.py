@@ -1,12 +1,14 @@
 """Atomic writes of run artifacts (docs/design.md §6): write a temporary file beside the target,
 then rename it over the target, so a killed run never leaves half a file behind. Also the one
-reader of JSON artifacts, gzipped or not, and the command line a benchmark records in its JSON."""
+reader of JSON artifacts, gzipped or not, the command line a benchmark records in its JSON, and
+the file a long job saves itself into so that a rerun goes on from it (ResumeFile)."""
 import gzip
 import json
 import os
 import shlex
 import sys
 import tempfile
+import time
 
 
 def atomic_write(path, data, mode=None):
@@ -67,3 +69,45 @@ def read_output(path, key: str, kind: type = list):
         raise ValueError(f"{path}: not a --json output of this script (a JSON object with a "
                          f"'{key}' {kind.__name__}): {type(e).__name__}: {e}") from None
     return d
+
+
+class ResumeFile:
+    """A torch file that a long job saves itself into now and then, so that a rerun of the same
+    command goes on from it (condense.optimize.FitState, condense.verify.resume.SubsetSums).
+    Written atomically at most every `every` seconds (`due`), read back only when it names the
+    same job (`key`); a file that does not load, or names another job, is ignored with a
+    message, and the next write replaces it."""
+
+    def __init__(self, path: str, every: float, label: str = "", clock=time.monotonic):
+        self.path, self.every, self.label, self.clock = path, every, label, clock
+        self.saved_at = clock()
+
+    def read(self, key: str):
+        """The saved dict when it is this job's (its "key"), else None. Starts the save clock."""
+        import torch
+        self.saved_at = self.clock()
+        if not os.path.exists(self.path):
+            return None
+        try:
+            state = torch.load(self.path, weights_only=True)
+        except Exception as e:  # not a save of ours: start over rather than fail
+            print(f"{self.label}ignoring {self.path} ({e})", file=sys.stderr, flush=True)
+            return None
+        if state.get("key") != key:
+            print(f"{self.label}{self.path} is from another job; starting over",
+                  file=sys.stderr, flush=True)
+            return None
+        return state
+
+    def due(self, final: bool = False) -> bool:
+        """Whether a save is due: `every` seconds since the last (or since read), or final."""
+        return final or self.clock() - self.saved_at >= self.every
+
+    def write(self, state: dict) -> None:
+        import torch
+        atomic_write(self.path, lambda f: torch.save(state, f), mode="wb")
+        self.saved_at = self.clock()
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)

@@ -10,7 +10,6 @@ processes take the same steps as one (up to float summation order). Parameters a
 wrapped in DDP: our forwards are run_graph calls, not model.__call__.
 """
 import copy
-import os
 import sys
 import time
 from typing import Callable, Optional
@@ -67,24 +66,18 @@ class FitState:
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
                  logs: Optional[dict] = None, tensors: Optional[dict] = None, what: str = "",
                  clock=time.monotonic):
-        self.path, self.clock, self.what = path, clock, what
-        self.every = SAVE_EVERY if every is None else every
+        from condense.artifacts import ResumeFile
+        self.path, self.what = path, what
+        self.file = ResumeFile(path, SAVE_EVERY if every is None else every, clock=clock)
         self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
-        self.saved_at, self.key, self.resumed_at = clock(), None, 0
+        self.key, self.resumed_at = None, 0
 
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
         """(the step to start at, the losses of the steps before it); (0, []) without a file
         of this training."""
         self.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
-        self.saved_at = self.clock()
-        if not os.path.exists(self.path):
-            return 0, []
-        try:
-            state = torch.load(self.path, weights_only=True)
-        except Exception as e:  # not a save of ours: train from the start rather than fail
-            print(f"ignoring {self.path} ({e})", file=sys.stderr, flush=True)
-            return 0, []
-        if state.get("key") != self.key:
+        state = self.file.read(self.key)
+        if state is None:
             return 0, []
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
@@ -112,18 +105,16 @@ class FitState:
 
     def save(self, step: int, params, opt, losses, final: bool = False) -> None:
         """After `step` steps (the main process writes; every `every` seconds, or final)."""
-        if world()[0] != 0 or (not final and self.clock() - self.saved_at < self.every):
+        if world()[0] != 0 or not self.file.due(final):
             return
-        from condense.artifacts import atomic_write
-        saved = dict(key=self.key, step=step, losses=list(losses),
-                     params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
-                     generators={n: g.get_state() for n, g in self.generators.items()},
-                     torch_rng=torch.get_rng_state(),
-                     cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                     logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
-                     tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()})
-        atomic_write(self.path, lambda f: torch.save(saved, f), mode="wb")
-        self.saved_at = self.clock()
+        self.file.write(dict(
+            key=self.key, step=step, losses=list(losses),
+            params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
+            generators={n: g.get_state() for n, g in self.generators.items()},
+            torch_rng=torch.get_rng_state(),
+            cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
+            tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()}))
 
 
 def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,

@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from condense.artifacts import ResumeFile
+
 STATE_FILE = "verify_state.pt"  # in the folder verify writes to, until verify.json is written
 SAVE_EVERY = 60.0  # seconds between saves: a save costs two float64 vectors of the subsets
 
@@ -37,10 +39,9 @@ class SubsetSums:
     another key is ignored (and overwritten), so a changed command starts over."""
 
     def __init__(self, path: str, key: str, every: Optional[float] = None, clock=time.monotonic):
-        self.path, self.key, self.clock = path, key, clock
-        self.every = SAVE_EVERY if every is None else every
+        self.path, self.key = path, key
+        self.file = ResumeFile(path, SAVE_EVERY if every is None else every, "verify: ", clock)
         self.digest: Optional[str] = None
-        self.saved_at = clock()
 
     def start(self, subsets: torch.Tensor, settings: str) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(units already done, logit-difference sums, correct counts) for these subsets: from
@@ -50,20 +51,10 @@ class SubsetSums:
         h.update(str(tuple(subsets.shape)).encode() + str(subsets.dtype).encode())
         h.update(subsets.detach().cpu().contiguous().numpy().tobytes())
         self.digest = h.hexdigest()
-        self.saved_at = self.clock()
-        n = subsets.shape[0]
-        zeros = (0, torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
-        if not os.path.exists(self.path):
-            return zeros
-        try:
-            state = torch.load(self.path, weights_only=True)
-        except Exception as e:  # a torn or foreign file: start over rather than fail
-            print(f"verify: ignoring {self.path} ({e})", file=sys.stderr, flush=True)
-            return zeros
-        if state.get("digest") != self.digest:
-            print(f"verify: {self.path} is from another evaluation; starting over",
-                  file=sys.stderr, flush=True)
-            return zeros
+        state = self.file.read(self.digest)
+        if state is None:
+            n = subsets.shape[0]
+            return 0, torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
         print(f"verify: going on from {self.path} ({int(state['units'])} passes done before)",
               file=sys.stderr, flush=True)
         return int(state["units"]), state["totals"].clone(), state["correct"].clone()
@@ -71,15 +62,10 @@ class SubsetSums:
     def update(self, units: int, totals: torch.Tensor, correct: torch.Tensor,
                final: bool = False) -> None:
         """Save the sums after `units` units when `every` seconds have passed, or when final."""
-        if not final and self.clock() - self.saved_at < self.every:
-            return
-        from condense.artifacts import atomic_write
-        atomic_write(self.path, lambda f: torch.save(dict(
-            digest=self.digest, units=units, totals=totals.clone(), correct=correct.clone()), f),
-            mode="wb")
-        self.saved_at = self.clock()
+        if self.file.due(final):
+            self.file.write(dict(key=self.digest, units=units, totals=totals.clone(),
+                                 correct=correct.clone()))
 
     def remove(self) -> None:
         """The evaluation's results are written elsewhere: its sums are no longer needed."""
-        if os.path.exists(self.path):
-            os.remove(self.path)
+        self.file.remove()
