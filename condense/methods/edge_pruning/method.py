@@ -11,7 +11,7 @@ from condense.config import RunConfig, at_least, refuse
 from condense.evaluate import evaluate
 from condense.methods import register
 from condense.methods.edge_pruning.search import search
-from condense.runs import RunContext, log, save_run
+from condense.runs import TRAINING_STATE, RunContext, log, save_run
 
 
 # ------------------------------------------------------------------ recipe checks and runners
@@ -111,7 +111,7 @@ def run(ctx: RunContext) -> dict:
     start = time.perf_counter()
     method = "hap" if hap else "edge_pruning"
     log(f"{method} {cfg.task}: target sparsity {cfg.ep_target_sparsity}")
-    training = ctx.path(os.path.join("state", "training.pt"))  # an interrupted run goes on from it
+    training = ctx.path(TRAINING_STATE)  # an interrupted run goes on from it
     res = search(model, rows["train"], cfg, hap=hap, means=means, state_path=training)
     if res["resumed_at"]:
         log(f"went on from {training} at step {res['resumed_at']}")
@@ -152,10 +152,7 @@ def run(ctx: RunContext) -> dict:
         atomic_write(ctx.path("training.jsonl"), "".join(json.dumps(h) + "\n" for h in res["history"]))
         plot_training(res["history"], ctx.path("training.png"),
                       f"{method} on {cfg.task}: expected edges and KL per step")
-    out = save_run(ctx, metrics, circuit)
-    if ctx.is_main and os.path.exists(training):
-        os.remove(training)  # the run is written: nothing left to go on from
-    return out
+    return save_run(ctx, metrics, circuit)
 
 
 register("edge_pruning", EdgePruningConfig, run, data_parallel=True,

@@ -4,7 +4,6 @@ and the artifacts (circuit.json with roles, circuit.png, roles.json, training.pn
 metrics.json). Only the main process writes.
 """
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -14,7 +13,7 @@ from condense.artifacts import atomic_write, write_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
 from condense.methods import register
 from condense.optimize import FitState
-from condense.runs import RunContext, log, save_run
+from condense.runs import TRAINING_STATE, RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
     BASELINES,
     NodeSet,
@@ -254,7 +253,7 @@ def run_s3martcirc(ctx: RunContext) -> dict:
     settings = cfg.settings()
     log(f"{graph.n_layers * graph.n_heads} heads + {graph.n_layers * graph.shape.d_mlp} neurons")
     torch.manual_seed(settings.seed)
-    state = FitState(ctx.path(os.path.join("state", "training.pt")))  # a rerun goes on from it
+    state = FitState(ctx.path(TRAINING_STATE))  # a rerun goes on from it
     result = train_s3martcirc(model, graph, rows["train"], settings, means=means, progress=main,
                               state=state)
     if state.resumed_at:
@@ -318,10 +317,7 @@ def run_s3martcirc(ctx: RunContext) -> dict:
         write_json(ctx.path("roles.json"), dict(
             fi_thresholds=result.thresholds, nodes=roles_table(graph, result, nodes)))
         plot_history(result.history, ctx.path("training.png"), f"S3martCirc on {cfg.task}: {size} nodes")
-    out = save_run(ctx, metrics, circuit)
-    if main and os.path.exists(state.path):
-        os.remove(state.path)  # the run is written: nothing left to go on from
-    return out
+    return save_run(ctx, metrics, circuit)
 
 
 register("s3martcirc", S3Config, run_s3martcirc, data_parallel=True,
