@@ -61,7 +61,10 @@ class FitState:
     uninterrupted run would (the global torch generators, which dropout draws from, are saved
     too). The file names its training (`what`, the caller's words for it, its length and the
     shapes of its parameters); a file of another training, or one that does not load, is
-    ignored."""
+    ignored. It also keeps the wall and CPU seconds the training's steps have taken so far, so
+    that a resumed run reports the time of the whole training (`earlier_seconds`,
+    `earlier_cpu_seconds`: what earlier processes spent on the saved steps; 0 on a fresh start)
+    rather than only its own process's share."""
 
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
                  logs: Optional[dict] = None, tensors: Optional[dict] = None, what: str = "",
@@ -71,11 +74,14 @@ class FitState:
         self.file = ResumeFile(path, SAVE_EVERY if every is None else every, clock=clock)
         self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
         self.key, self.resumed_at = None, 0
+        self.earlier_seconds = self.earlier_cpu_seconds = 0.0
+        self._started = (time.perf_counter(), time.process_time())
 
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
         """(the step to start at, the losses of the steps before it); (0, []) without a file
         of this training."""
         self.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
+        self._started = (time.perf_counter(), time.process_time())
         state = self.file.read(self.key)
         if state is None:
             return 0, []
@@ -98,6 +104,8 @@ class FitState:
             for name, tensor in self.tensors.items():
                 tensor.copy_(state["tensors"][name])
         self.resumed_at = int(state["step"])
+        self.earlier_seconds = float(state.get("seconds", 0.0))
+        self.earlier_cpu_seconds = float(state.get("cpu_seconds", 0.0))
         if world()[0] == 0:
             print(f"going on from {self.path}: step {self.resumed_at} of {steps}",
                   file=sys.stderr, flush=True)
@@ -114,7 +122,9 @@ class FitState:
             torch_rng=torch.get_rng_state(),
             cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
-            tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()}))
+            tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()},
+            seconds=self.earlier_seconds + time.perf_counter() - self._started[0],
+            cpu_seconds=self.earlier_cpu_seconds + time.process_time() - self._started[1]))
 
 
 def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,

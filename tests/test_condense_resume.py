@@ -2,6 +2,7 @@
 with a missing file, max_rounds and the final heal changed on resume (tiny random GPT-2)."""
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -149,10 +150,10 @@ def test_final_heal_is_gated_recorded_and_undone_when_its_settings_change(tiny_m
     assert not rejected["final_heal"]["accepted"] and same(before, adapter(out))
 
 
-def killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at):
+def killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at, sleep=0.0):
     """Run `recipe` into `out` with a KeyboardInterrupt at the heal loss's call `kill_at` (every
-    heal saving after each step), then again undisturbed. Returns (the rerun's metrics, the heal
-    steps the rerun took)."""
+    heal saving after each step, each taking `sleep` seconds more), then again undisturbed.
+    Returns (the rerun's metrics, the heal steps the rerun took)."""
     import condense.optimize
     monkeypatch.setattr(condense.optimize, "SAVE_EVERY", 0.0)
     real, calls = healing.heal_loss, {"n": 0, "kill": True}
@@ -161,6 +162,8 @@ def killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at):
         calls["n"] += 1
         if calls["kill"] and calls["n"] == kill_at:
             raise KeyboardInterrupt("killed mid-heal")
+        if calls["kill"]:
+            time.sleep(sleep)
         return real(*a, **k)
     monkeypatch.setattr(healing, "heal_loss", counting)
     with pytest.raises(KeyboardInterrupt):
@@ -178,12 +181,14 @@ def same_adapter(a_dir, b_dir):
 def test_a_run_killed_mid_heal_goes_on_from_the_heals_last_save(tiny_model, tmp_path, monkeypatch):
     """Each heal saves itself as it goes (state/heal_rNNNN.pt): killed at the fourth step of
     round 2's heal (after round 1's six), the rerun heals only the three steps left and ends
-    with the uninterrupted run's rounds, circuit and adapter."""
+    with the uninterrupted run's rounds, circuit and adapter. The round's time counts the
+    killed process's three heal steps (0.5 s each here) as well as the rerun's."""
     recipe = _recipe(tmp_path, tiny_model, heal_steps=6, max_rounds=2)
     whole, out = str(tmp_path / "whole"), str(tmp_path / "out")
     _run(recipe, f"output_dir={whole}")
-    _, healed = killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at=6 + 4)
+    _, healed = killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at=6 + 4, sleep=0.5)
     assert healed == 6 - 3 and not os.path.exists(os.path.join(out, "state", "heal_r0002.pt"))
+    assert _rounds(out)[1]["time"] >= 3 * 0.5
 
     def same(rounds):
         return [{k: v for k, v in r.items() if k != "time"} for r in rounds]

@@ -318,10 +318,14 @@ def test_an_interrupted_run_goes_on_to_the_uninterrupted_circuit(tiny_dir, tmp_p
     with pytest.raises(KeyboardInterrupt):
         run_recipe(tmp_path / "stopped", tiny_dir, **keys)
     state = tmp_path / "stopped" / "run" / "state" / "training.pt"
-    assert torch.load(state, weights_only=True)["step"] == 4
+    saved = torch.load(state, weights_only=True)
+    assert saved["step"] == 4
     monkeypatch.setattr(ep_search, "run_graph", real)
     resumed, out = run_recipe(tmp_path / "stopped", tiny_dir, **keys)
     assert resumed["resumed_at_step"] == 4 and whole["resumed_at_step"] == 0
+    # the times count the killed process's four steps too
+    assert resumed["resumed_seconds"] == saved["seconds"] > 0 and whole["resumed_seconds"] == 0
+    assert resumed["train_seconds"] > saved["seconds"]
     assert not state.exists()
     for key in ("edges", "edges_kept", "sparsity", "kl", "accuracy", "lambda1", "lambda2", "steps"):
         assert resumed[key] == whole[key], key

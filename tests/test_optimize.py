@@ -1,4 +1,5 @@
 """condense.optimize.fit, the one training loop (heal, Edge Pruning, S3martCirc)."""
+import time
 import pytest
 import torch
 
@@ -43,8 +44,9 @@ class Stop(Exception):
     pass
 
 
-def noisy_training(path=None, stop_at=None):
-    """A fit whose steps draw from a generator and log as they go: (parameter, losses, log)."""
+def noisy_training(path=None, stop_at=None, sleep=0.0):
+    """A fit whose steps draw from a generator and log as they go (each taking `sleep` seconds
+    more): (parameter, losses, log, state)."""
     from condense.optimize import FitState
     x = torch.tensor([3.0, -2.0, 1.0], requires_grad=True)
     gen, log = torch.Generator().manual_seed(0), []
@@ -54,6 +56,7 @@ def noisy_training(path=None, stop_at=None):
             raise Stop
         noise = torch.randn(3, generator=gen)
         log.append(step)
+        time.sleep(sleep)
         return ((x - noise) ** 2).sum()
     state = FitState(str(path), every=0, generators={"noise": gen}, logs={"log": log}) if path else None
     losses = fit([x], loss_fn, 30, lr=0.05, progress=False, state=state)
@@ -72,6 +75,22 @@ def test_an_interrupted_fit_resumes_with_the_uninterrupted_steps(tmp_path):
     # finished: a third run trains no more and returns the same
     x3, losses3, _, state = noisy_training(path, stop_at=0)
     assert state.resumed_at == 30 and torch.equal(x3, x) and losses3 == losses
+
+
+def test_a_resumed_fit_counts_the_seconds_of_the_steps_before_it(tmp_path):
+    """The save keeps the steps' wall and CPU seconds; a resumed training starts from them, so
+    its final save holds the whole training's time, not only the last process's."""
+    path = tmp_path / "fit.pt"
+    with pytest.raises(Stop):
+        noisy_training(path, stop_at=10, sleep=0.02)
+    saved = torch.load(path, weights_only=True)
+    assert saved["seconds"] >= 10 * 0.02 and saved["cpu_seconds"] >= 0
+    _, _, _, state = noisy_training(path, sleep=0.02)
+    assert state.earlier_seconds == saved["seconds"]
+    assert state.earlier_cpu_seconds == saved["cpu_seconds"]
+    assert torch.load(path, weights_only=True)["seconds"] >= saved["seconds"] + 20 * 0.02
+    _, _, _, fresh = noisy_training(tmp_path / "other.pt")
+    assert fresh.earlier_seconds == 0.0 and fresh.resumed_at == 0
 
 
 def test_a_fit_state_of_another_training_is_not_used(tmp_path):

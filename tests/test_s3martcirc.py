@@ -5,6 +5,7 @@ evaluate(), attribution patching (and its IG variant) against a hand-written hoo
 recovery on a hand-made reference, and a short recipe run whose circuit.json carries roles."""
 import json
 import math
+import time
 import os
 
 import pytest
@@ -431,15 +432,21 @@ def test_an_interrupted_training_goes_on_to_the_uninterrupted_result(organism_ro
         calls.append(1)
         if len(calls) == 3:  # the third discovery step, after a classification step
             raise KeyboardInterrupt
+        time.sleep(0.4)  # the killed process's steps take longer than the whole rerun
         return real(*args, **kwargs)
     monkeypatch.setattr(method, "masked_logits", failing)
     path = str(tmp_path / "training.pt")
     with pytest.raises(KeyboardInterrupt):
         train_s3martcirc(model, g, rows, s, progress=False, state=FitState(path, every=0))
     monkeypatch.setattr(method, "masked_logits", real)
+    saved_seconds = torch.load(path, weights_only=True)["seconds"]
     state = FitState(path, every=0)
+    started = time.perf_counter()
     resumed = train_s3martcirc(model, g, rows, s, progress=False, state=state)
     assert 0 < state.resumed_at < len(s.schedule(len(rows)))
+    # its seconds count the killed process's steps as well as its own
+    assert state.earlier_seconds == saved_seconds >= 2 * 0.4
+    assert saved_seconds < resumed.seconds <= saved_seconds + time.perf_counter() - started
     assert torch.equal(resumed.logits_heads, whole.logits_heads)
     assert torch.equal(resumed.logits_neurons, whole.logits_neurons)
     assert torch.equal(resumed.importance.heads, whole.importance.heads)

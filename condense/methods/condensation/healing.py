@@ -1,6 +1,7 @@
 """Heal: a LoRA adapter on the residual-stream writers, trained by KL distillation to the
 original model while the pruned edges are ablated (docs/design.md §5)."""
 from contextlib import contextmanager
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +174,7 @@ def edge_key(graph) -> str:
 
 
 def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,
-         accepts=None, corrupted_logp=None, state_path=None):
+         accepts=None, corrupted_logp=None, state_path=None, resumed: Optional[dict] = None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
@@ -185,7 +186,10 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     every that many steps, in eval mode with the base weights in their own dtype, and the heal
     ends once it accepts (never at the last step: the caller gates the result anyway).
     state_path: save the heal there as it goes (condense.optimize.FitState, named by the
-    circuit's edges) and go on from it, so that a heal killed mid-way resumes."""
+    circuit's edges) and go on from it, so that a heal killed mid-way resumes.
+    resumed: a dict that gets `seconds`, the wall seconds earlier processes spent on the steps
+    a resumed heal went on from (0.0 on a fresh start), so that the caller's timings count the
+    whole heal."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
@@ -216,8 +220,11 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
         with base_weights_in(model, cfg.heal_dtype) as originals:
             state = (FitState(state_path, generators={"batches": gen}, what=f"{edge_key(graph)}, {n} rows")
                      if state_path else None)
-            return fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,
-                       desc=desc or f"heal round {rnd}", progress=progress,
-                       stop_below=cfg.heal_stop_loss or None, stop_if=gate_accepts, state=state)
+            losses = fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,
+                         desc=desc or f"heal round {rnd}", progress=progress,
+                         stop_below=cfg.heal_stop_loss or None, stop_if=gate_accepts, state=state)
+            if resumed is not None:
+                resumed["seconds"] = state.earlier_seconds if state else 0.0
+            return losses
     finally:
         model.eval()

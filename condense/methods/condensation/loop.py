@@ -182,7 +182,7 @@ class _Loop:
         else:
             candidate = circuit.copy()
         accepted_adapter = adapter_state(model)
-        note, losses = "", []
+        note, losses, resumed = "", [], {}
         key = edge_key(candidate)
         try:
             if cfg.prune and candidate.count_edges(on_path=True) == 0:
@@ -197,7 +197,7 @@ class _Loop:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
                               general_blocks=self.train_blocks, corrupted_logp=self.corrupted_logp,
-                              state_path=self._heal_file(rnd),
+                              state_path=self._heal_file(rnd), resumed=resumed,
                               # heal-only (prune=false) heals in full: its heal is the control
                               accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
@@ -209,7 +209,9 @@ class _Loop:
         ok = self._agreed(ok)
         record = dict(round=rnd, cut=cut, accepted=bool(ok), edges=candidate.count_edges(on_path=True),
                       **_gate_fields(g), heal_loss=losses[-1] if losses else None,
-                      heal_steps=len(losses), note=note, time=time.perf_counter() - t0)
+                      heal_steps=len(losses), note=note,
+                      # a heal that went on from a save counts its earlier processes' steps
+                      time=resumed.get("seconds", 0.0) + time.perf_counter() - t0)
         log(f"round {rnd}: cut {cut:.3f} -> {record['edges']} edges, val accuracy "
             f"{record['accuracy']:.3f} (original {self.gate.accuracy_original:.3f}), ppl ratio "
             f"{record['ppl_ratio']:.4f}, f {record['faithfulness']:.3f}, top-1 agreement "
@@ -278,10 +280,12 @@ class _Loop:
                     corrupted = last_logprobs(model, rows, cfg.batch_size, "corrupted_ids")
         steps_cfg = dataclasses.replace(cfg, heal_steps=cfg.final_heal_steps, heal_stop_loss=0.0)
         rnd = state["round"] + 1  # the seed of the round that would come next
+        resumed = {}
         try:
             losses = heal(model, circuit, rows, target, steps_cfg, rnd,
                           general_blocks=self.train_blocks, desc="final heal",
-                          corrupted_logp=corrupted, state_path=self._heal_file("final"))
+                          corrupted_logp=corrupted, state_path=self._heal_file("final"),
+                          resumed=resumed)
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
             losses, ok, g = [], False, _NOT_GATED
@@ -291,7 +295,8 @@ class _Loop:
             load_adapter_state(model, before)
         record = dict(steps=cfg.final_heal_steps, rows=len(rows), accepted=bool(ok),
                       edges=circuit.count_edges(on_path=True), **_gate_fields(g),
-                      heal_loss=losses[-1] if losses else None, time=time.perf_counter() - t0,
+                      heal_loss=losses[-1] if losses else None,
+                      time=resumed.get("seconds", 0.0) + time.perf_counter() - t0,
                       from_adapter=state["adapter_file"])
         log(f"final heal ({cfg.final_heal_steps} steps, {len(rows)} rows): val accuracy "
             f"{record['accuracy']:.3f}, KL {record['kl']:.4f}, top-1 agreement "

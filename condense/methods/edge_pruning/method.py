@@ -138,9 +138,9 @@ def run(ctx: RunContext) -> dict:
         logit_diff_full=test["logit_diff_full"], logit_diff_empty=test["logit_diff_empty"],
         train_kl_last=last["kl"], lambda1=float(res["lambdas"][0]), lambda2=float(res["lambdas"][1]),
         rank_seconds=res["rank_seconds"], train_seconds=res["train_seconds"],
-        resumed_at_step=res["resumed_at"],
+        resumed_at_step=res["resumed_at"], resumed_seconds=res["resumed_seconds"],
         search_seconds=res["search_seconds"], search_cpu_seconds=res["cpu_seconds"],
-        wall_seconds=time.perf_counter() - start,
+        wall_seconds=res["resumed_seconds"] + time.perf_counter() - start,
         n_train=len(rows["train"]), n_test=len(rows["test"]))
     if hap:
         metrics.update(hap_attribution=cfg.hap_attribution, n_candidates=res["n_candidates"])

@@ -145,7 +145,9 @@ def search(model, rows, cfg, hap=False, means=None, progress=True, state_path=No
     seconds: rank (HAP's attribution), train (the mask optimisation), search (everything,
     targets included; wall clock) and cpu (the same span in this process's CPU time, which
     other jobs on the machine disturb less), and resumed_at (the mask training's first step
-    when it went on from a save at `state_path`; else 0)."""
+    when it went on from a save at `state_path`; else 0). A resumed search's train, search and
+    cpu seconds add what earlier processes spent on the saved steps (resumed_seconds; the
+    ranking is done again, and counted once)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     graph = Graph.from_model(model)
     n_edges = int(graph.valid.sum())
@@ -167,7 +169,8 @@ def search(model, rows, cfg, hap=False, means=None, progress=True, state_path=No
                                    desc="hap" if hap else "edge pruning", progress=progress,
                                    state=state)
     resumed_at = state.resumed_at if state else 0
-    train_seconds = time.perf_counter() - t0
+    earlier, earlier_cpu = (state.earlier_seconds, state.earlier_cpu_seconds) if state else (0.0, 0.0)
+    train_seconds = earlier + time.perf_counter() - t0
     circuit = masks.circuit(graph)
     kept = circuit.count_edges()
     circuit.prune()
@@ -175,5 +178,5 @@ def search(model, rows, cfg, hap=False, means=None, progress=True, state_path=No
                 ramp_steps=ramp, start_sparsity=start_sparsity, n_candidates=masks.n_trainable,
                 candidates=candidates, scores=scores, edges_kept=kept, n_edges=n_edges,
                 rank_seconds=rank_seconds, train_seconds=train_seconds, resumed_at=resumed_at,
-                search_seconds=time.perf_counter() - start,
-                cpu_seconds=time.process_time() - cpu_start)
+                resumed_seconds=earlier, search_seconds=earlier + time.perf_counter() - start,
+                cpu_seconds=earlier_cpu + time.process_time() - cpu_start)

@@ -288,7 +288,8 @@ def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True,
                      state=None):
     """Train the node coefficients on `rows` (see the module docstring); returns S3Result.
     state (condense.optimize.FitState): save the training there as it goes, and go on from it
-    (the importance sums and the epoch logs with it; batches are drawn per epoch from the seed)."""
+    (the importance sums and the epoch logs with it; batches are drawn per epoch from the seed);
+    a resumed training's seconds add what earlier processes spent on the saved steps."""
     start = time.perf_counter()
     p = next(model.parameters())
     device = p.device
@@ -382,5 +383,6 @@ def train_s3martcirc(model, graph, rows, settings, *, means=None, progress=True,
     n_discovery = sum(1 for kind, _, _ in schedule if kind == "d")
     importance = [all_reduce_(t.to(device), "mean").cpu() / n_discovery for t in importance]
     return S3Result(theta_h.detach().cpu(), theta_n.detach().cpu(), fi, thresholds,
-                    time.perf_counter() - start, fi_seconds, n_discovery,
+                    (state.earlier_seconds if state is not None else 0.0) + time.perf_counter() - start,
+                    fi_seconds, n_discovery,
                     NodeScores(*(t.float() for t in importance)), history)

@@ -299,7 +299,7 @@ def run_s3martcirc(ctx: RunContext) -> dict:
         method=cfg.method, task=cfg.task, model=cfg.model, intervention=cfg.intervention,
         nodes_total=graph.n_layers * (graph.n_heads + graph.shape.d_mlp),
         n_train=len(rows["train"]), n_test=len(rows["test"]), discovery_steps=result.discovery_steps,
-        resumed_at_step=state.resumed_at,
+        resumed_at_step=state.resumed_at, resumed_seconds=state.earlier_seconds,
         s3martcirc=s3, ceiling=dict(accuracy_drop=ceiling["accuracy_drop"],
                                     logit_drop=ceiling["logit_drop"]),
         budgets=budgets, recovery_reference=reference,
