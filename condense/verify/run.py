@@ -169,7 +169,6 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         ld, accuracy = evaluator.mean_logit_diffs(masks, progress=progress, with_accuracy=True,
                                                   sums=sums)
         subsets_s = time.perf_counter() - start
-        new_work = len(masks) * evaluator.n_rows - evaluator.resumed
         report = analyse_local(ld, accuracy, evaluator.edge_names, ld_full, ld_empty, rule, tau,
                                floor, pairs)
         report.update(
@@ -179,7 +178,7 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
             n_edges_on_path=graph.count_edges(on_path=True), subsets_evaluated=len(masks),
             resumed_subset_prompts=evaluator.resumed,
             timing=dict(reference_s=reference_s, subsets_s=subsets_s,
-                        subset_prompts_per_s=new_work / subsets_s))
+                        **_throughput(evaluator, len(masks), subsets_s)))
         if reduce and report["circuit_faithful"] and report["removable_edges"]:
             start = time.perf_counter()
             report.update(_reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
@@ -192,7 +191,6 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     ld, accuracy = evaluator.mean_logit_diffs(torch.arange(2 ** n), progress=progress,
                                               with_accuracy=True, sums=sums)
     subsets_s = time.perf_counter() - start
-    new_share = 1 - evaluator.resumed / (2 ** n * evaluator.n_rows)
     start = time.perf_counter()
     report, f, minimal = analyse(ld, evaluator.edge_names, ld_full, ld_empty, rule, tau, accuracy,
                                  floor)
@@ -205,12 +203,19 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
         bit_order="subset id bit i = edges[i]; edges run from the logits backwards")
     report["timing"] = dict(reference_s=reference_s, subsets_s=subsets_s,
                             analysis_s=time.perf_counter() - start,
-                            subsets_per_s=new_share * 2 ** n / subsets_s,
-                            subset_prompts_per_s=new_share * 2 ** n * evaluator.n_rows / subsets_s)
+                            **_throughput(evaluator, 2 ** n, subsets_s))
     if top1_floor is not None:
         report.update(check_top1(evaluator, reference, full, report["minimal_faithful_subsets"],
                                  top1_floor))
     return report, f, minimal
+
+
+def _throughput(evaluator, n_subsets: int, seconds: float) -> dict:
+    """Subsets and subset × prompt evaluations per second of this process's work: a resumed
+    run's passes done before (evaluator.resumed subset × prompt) took none of `seconds`."""
+    new_work = n_subsets * evaluator.n_rows - evaluator.resumed
+    return dict(subsets_per_s=new_work / evaluator.n_rows / seconds,
+                subset_prompts_per_s=new_work / seconds)
 
 
 def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False,
