@@ -102,22 +102,24 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
                       graph, means, runtime)
 
 
-# where a method's training saves itself as it goes (condense.optimize.FitState), until the run
-# is written
+# where a method's training saves itself as it goes (condense.optimize.FitState), and where
+# S3martCirc keeps each node baseline it has finished, until the run is written
 TRAINING_STATE = os.path.join("state", "training.pt")
+BASELINES_STATE = os.path.join("state", "baselines.pt")
 
 
 def save_run(ctx: RunContext, metrics: dict, circuit: Optional[Graph] = None) -> dict:
     """circuit.json and circuit.png (when given), then metrics.json; main process only. Then the
-    training's resume file goes: the run is written, nothing is left to go on from."""
+    resume files go: the run is written, nothing is left to go on from."""
     if not ctx.is_main:
         return metrics
     if circuit is not None:
         circuit.to_json(ctx.path("circuit.json"))
         circuit.to_image(ctx.path("circuit.png"))
     write_json(ctx.path("metrics.json"), metrics)
-    if os.path.exists(ctx.path(TRAINING_STATE)):
-        os.remove(ctx.path(TRAINING_STATE))
+    for resume_file in (TRAINING_STATE, BASELINES_STATE):
+        if os.path.exists(ctx.path(resume_file)):
+            os.remove(ctx.path(resume_file))
     return metrics
 
 

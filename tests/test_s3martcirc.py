@@ -5,8 +5,8 @@ evaluate(), attribution patching (and its IG variant) against a hand-written hoo
 recovery on a hand-made reference, and a short recipe run whose circuit.json carries roles."""
 import json
 import math
-import time
 import os
+import time
 
 import pytest
 import torch
@@ -452,3 +452,36 @@ def test_an_interrupted_training_goes_on_to_the_uninterrupted_result(organism_ro
     assert torch.equal(resumed.importance.heads, whole.importance.heads)
     assert torch.equal(resumed.importance.neurons, whole.importance.neurons)
     assert resumed.history == whole.history
+
+
+def test_a_run_killed_among_its_baselines_keeps_the_ones_it_finished(tmp_path, monkeypatch):
+    """Each node baseline's record is saved once done (state/baselines.pt): a run killed while
+    scoring its second baseline scores only that one and the next when run again, and writes
+    the uninterrupted run's comparison; the file goes once the run is written."""
+    import condense.methods.s3martcirc.run as s3_run
+    args = ["--recipe", "recipes/s3martcirc/organism_ioi.yaml", "n_train=16", "n_test=16",
+            "s3_epochs=2", "s3_warmup_epochs=1", "s3_batch_size=8", "s3_budgets=[2,8]",
+            "s3_baselines=[attribution_patching,node_pruning,random]"]
+    whole = train.main(args + [f"output_dir={tmp_path / 'whole'}"])
+    real, scored, kill = s3_run.score_nodes, [], [True]
+
+    def scoring(method, *a, **k):
+        scored.append(method)
+        if method == "node_pruning" and kill[0]:
+            raise KeyboardInterrupt
+        return real(method, *a, **k)
+    monkeypatch.setattr(s3_run, "score_nodes", scoring)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args + [f"output_dir={out}"])
+    assert (out / "state" / "baselines.pt").exists() and scored == ["attribution_patching", "node_pruning"]
+    scored.clear()
+    kill[0] = False
+    resumed = train.main(args + [f"output_dir={out}"])
+    assert scored == ["node_pruning", "random"]
+    assert not (out / "state" / "baselines.pt").exists()
+
+    def without_times(baselines):
+        return {m: {k: v for k, v in rec_.items() if k != "seconds"} for m, rec_ in baselines.items()}
+    assert without_times(resumed["baselines"]) == without_times(whole["baselines"])
+    assert resumed["baselines"]["attribution_patching"]["seconds"] > 0

@@ -9,11 +9,11 @@ from typing import Optional
 
 import torch
 
-from condense.artifacts import atomic_write, write_json
+from condense.artifacts import ResumeFile, atomic_write, write_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
 from condense.methods import register
-from condense.optimize import FitState
-from condense.runs import TRAINING_STATE, RunContext, log, save_run
+from condense.optimize import FitState, world
+from condense.runs import BASELINES_STATE, TRAINING_STATE, RunContext, log, save_run
 from condense.methods.s3martcirc.node_baselines import (
     BASELINES,
     NodeSet,
@@ -105,19 +105,30 @@ def evaluate_nodes(model, graph, rows, nodes, reference, intervention, batch_siz
 
 def compare_baselines(model, graph, rows, scored, size, baselines, budgets, *, test_reference,
                       intervention="patching", batch_size=32, means=None, ig_steps=5, seed=0,
-                      pruning=None, recovery_reference=None, progress=True):
+                      pruning=None, recovery_reference=None, progress=True,
+                      state: Optional[ResumeFile] = None):
     """Score nodes with each baseline on rows['train'] and evaluate on rows['test']: at the
     S3martCirc circuit size (ablation and circuit-alone metrics) and at every budget
     (ablation metrics), plus recovery of `recovery_reference` when given. `scored`: rankings
     already made ({name: NodeScores}, e.g. S3martCirc's), evaluated at the budgets only.
+    state: each baseline's record is saved there once it is done, and a rerun with the same
+    rows, size and settings takes the saved ones (their measured seconds with them) rather
+    than scoring again (exact patching takes minutes on a real model).
     Returns {method: {...}}."""
     from condense.methods.s3martcirc.recovery import recovery
     shape = graph.shape
     kw = dict(intervention=intervention, batch_size=batch_size, means=means)
+    key = _baselines_key(graph, rows, size, budgets, intervention, batch_size, ig_steps, seed,
+                         pruning, recovery_reference)
+    done = (state.read(key) or {}).get("done", {}) if state is not None else {}
     out = {}
     entries = list(scored.items()) + [(b, None) for b in baselines]
     for method, scores in entries:
         rec = {}
+        if scores is None and method in done:
+            log(f"baseline {method}: done before, from {state.path}")
+            out[method] = done[method]
+            continue
         if scores is None:
             log(f"baseline {method} ...")
             scores, seconds = score_nodes(method, model, graph, rows["train"], ig_steps=ig_steps,
@@ -137,7 +148,24 @@ def compare_baselines(model, graph, rows, scored, size, baselines, budgets, *, t
                                recovery(scores.ranked_names(shape, max(budgets)), recovery_reference,
                                         budgets).items()}
         out[method] = rec
+        if state is not None and method not in scored:
+            done[method] = rec
+            if world()[0] == 0:  # every process reads it, so that all skip the same baselines
+                state.write(dict(key=key, done=done))
     return out
+
+
+def _baselines_key(graph, rows, size, budgets, *settings) -> str:
+    """What a saved baseline record depends on: the model's shape, the rows (mean ablation's
+    means are the train rows'), the circuit size, the budgets and the scoring and evaluation
+    settings."""
+    import hashlib
+    from condense.evaluate import dataset_columns
+    digest = hashlib.sha256()
+    for split in ("train", "test"):
+        digest.update(repr((split, dataset_columns(rows[split])[0])).encode())
+    return repr((repr(graph.shape), size, [int(b) for b in budgets], repr(settings),
+                 digest.hexdigest()))
 
 
 def done_when(s3, compared):
@@ -294,7 +322,8 @@ def run_s3martcirc(ctx: RunContext) -> dict:
         test_reference=test_ref, ig_steps=cfg.ig_steps, seed=cfg.seed,
         pruning=dict(steps=result.discovery_steps, lr=cfg.s3_np_lr, l0_weight=cfg.s3_np_l0,
                      alpha=settings.alpha, batch_size=settings.batch_size),
-        recovery_reference=reference, progress=main, **kw)
+        recovery_reference=reference, progress=main,
+        state=ResumeFile(ctx.path(BASELINES_STATE), 0.0, label="s3martcirc: "), **kw)
     metrics = dict(
         method=cfg.method, task=cfg.task, model=cfg.model, intervention=cfg.intervention,
         nodes_total=graph.n_layers * (graph.n_heads + graph.shape.d_mlp),
