@@ -105,9 +105,9 @@ def entry():
     try:
         result = main()
     except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command: condensation, Edge Pruning, HAP, S3martCirc "
-              "(its training and each finished node baseline) and verify go on where they "
-              "stopped, other runs start over", file=sys.stderr)
+        print("\ninterrupted; rerun the same command: condensation, Edge Pruning, HAP, S3martCirc, "
+              "edge scoring and verify go on where they stopped; other commands start over",
+              file=sys.stderr)
         sys.exit(130)
     except user_errors() as e:
         sys.exit(f"error: {e}")

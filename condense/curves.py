@@ -16,6 +16,7 @@ area under |1 - f| (absolute scores); higher CPR and lower CMD are better.
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Optional
 
 from condense.evaluate import evaluate, reference_outputs
 from condense.artifacts import atomic_write
@@ -58,17 +59,20 @@ class Curve:
 class _TopN:
     """Evaluates top-n circuits of one scored graph, each n once (tiny graphs repeat n).
     `progress(text)`, when given, hears about every evaluation (they take seconds each on a
-    real model)."""
+    real model). `memo`: the evaluations so far ({n: (faithfulness, circuit size)}; filled in
+    place), and `on_evaluated()` is called after each new one, so that a caller can keep them
+    for a rerun."""
 
     def __init__(self, model, graph, dataset, absolute, intervention, batch_size, means, reference,
-                 progress=None):
+                 progress=None, memo: Optional[dict] = None, on_evaluated=None):
         self.model, self.dataset, self.absolute, self.progress = model, dataset, absolute, progress
         self.kw = dict(intervention=intervention, batch_size=batch_size, means=means)
         self.graph = graph.copy()  # the caller's in_graph is left alone
         self.total = int(graph.valid.sum())
         self.reference = reference or reference_outputs(model, graph, dataset, intervention,
                                                         batch_size, means, keep_ablated=True)
-        self.seen = {}
+        self.seen = memo if memo is not None else {}
+        self.on_evaluated = on_evaluated
 
     def circuit(self, n):
         return pruned_topn(self.graph, n, self.absolute)
@@ -82,6 +86,8 @@ class _TopN:
                 raise ValueError("faithfulness is undefined: the full and the empty circuit have "
                                  "the same mean logit difference on this dataset")
             self.seen[n] = (f, g.count_edges())
+            if self.on_evaluated is not None:
+                self.on_evaluated()
             if self.progress is not None:
                 self.progress(f"top-{n} by {'|score|' if self.absolute else 'score'}: "
                               f"{self.seen[n][1]} edges, f = {f:.3f}")
@@ -90,9 +96,11 @@ class _TopN:
 
 def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCENTS,
                        intervention="patching", batch_size=32, means=None, reference=None,
-                       progress=None):
-    """Faithfulness of the pruned top-n circuits of `graph`'s scores at `percents` of all edges."""
-    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress)
+                       progress=None, memo=None, on_evaluated=None):
+    """Faithfulness of the pruned top-n circuits of `graph`'s scores at `percents` of all edges
+    (memo, on_evaluated: see _TopN)."""
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress,
+                memo, on_evaluated)
     fractions = [p / 100 for p in percents]
     ns = [int(fr * top.total) for fr in fractions]
     results = [top(n) for n in ns]
@@ -100,16 +108,21 @@ def faithfulness_curve(model, graph, dataset, absolute=True, percents=MIB_PERCEN
 
 
 def cpr_cmd(model, graph, dataset, percents=MIB_PERCENTS, intervention: str = "patching",
-            batch_size: int = 32, means=None, reference=None, progress=None) -> dict:
+            batch_size: int = 32, means=None, reference=None, progress=None,
+            memos: Optional[dict] = None, on_evaluated=None) -> dict:
     """MIB's CPR (signed ranking, area under f) and CMD (absolute ranking, area under |1 - f|),
-    with both curves; the full/empty reference runs are shared."""
+    with both curves; the full/empty reference runs are shared. memos: {"signed": {...},
+    "absolute": {...}}, the evaluations of each curve so far (see _TopN), filled in place."""
     if reference is None:
         reference = reference_outputs(model, graph, dataset, intervention, batch_size, means,
                                       keep_ablated=True)
     kw = dict(percents=percents, intervention=intervention, batch_size=batch_size, means=means,
               reference=reference, progress=progress)
-    signed = faithfulness_curve(model, graph, dataset, absolute=False, **kw)
-    absolute = faithfulness_curve(model, graph, dataset, absolute=True, **kw)
+    memos = memos if memos is not None else {}
+    signed = faithfulness_curve(model, graph, dataset, absolute=False, on_evaluated=on_evaluated,
+                                memo=memos.setdefault("signed", {}), **kw)
+    absolute = faithfulness_curve(model, graph, dataset, absolute=True, on_evaluated=on_evaluated,
+                                  memo=memos.setdefault("absolute", {}), **kw)
     return dict(cpr=signed.area, cmd=absolute.area_from_one, signed=signed, absolute=absolute)
 
 
@@ -129,7 +142,8 @@ class FaithfulCircuit:
 
 def smallest_faithful(model, graph, dataset, threshold: float = 0.9, absolute: bool = True,
                       intervention: str = "patching", batch_size: int = 32, means=None,
-                      reference=None, progress=None, resolution: float = 0.0) -> FaithfulCircuit:
+                      reference=None, progress=None, resolution: float = 0.0,
+                      memo: Optional[dict] = None, on_evaluated=None) -> FaithfulCircuit:
     """The smallest n whose pruned top-n circuit has faithfulness >= threshold, by search.
 
     Doubling n = 1, 2, 4, ... until a circuit passes, then bisection between the last
@@ -141,8 +155,10 @@ def smallest_faithful(model, graph, dataset, threshold: float = 0.9, absolute: b
     (the input graph's in_graph is unchanged); n is None when even the full graph fails.
     `resolution` > 0 ends the bisection once the bracket is narrower than that fraction of its
     upper end (the n returned passes; the boundary lies within that fraction below it): on a
-    graph of 100k edges, 0.01 saves about seven of the most expensive evaluations."""
-    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress)
+    graph of 100k edges, 0.01 saves about seven of the most expensive evaluations.
+    memo, on_evaluated: the evaluations so far, kept for a rerun (see _TopN)."""
+    top = _TopN(model, graph, dataset, absolute, intervention, batch_size, means, reference, progress,
+                memo, on_evaluated)
 
     def passes(n):
         return top(n)[0] >= threshold

@@ -43,6 +43,15 @@ def dataset_columns(dataset):
     return cols, n
 
 
+def rows_digest(*datasets) -> str:
+    """A hash of the task rows (their token columns), to name what a resume file was made on."""
+    import hashlib
+    digest = hashlib.sha256()
+    for dataset in datasets:
+        digest.update(repr(dataset_columns(dataset)[0]).encode())
+    return digest.hexdigest()
+
+
 def row_batches(cols, n, batch_size, device):
     """(row indices, clean ids, corrupted ids, attention mask, last positions) by length."""
     order = sorted(range(n), key=lambda i: len(cols["clean_ids"][i]))

@@ -102,10 +102,12 @@ def open_run(cfg: RunConfig, accelerator=None, out: Optional[str] = None) -> Run
                       graph, means, runtime)
 
 
-# where a method's training saves itself as it goes (condense.optimize.FitState), and where
-# S3martCirc keeps each node baseline it has finished, until the run is written
+# where a method's training saves itself as it goes (condense.optimize.FitState), where
+# S3martCirc keeps each node baseline it has finished, and where a scoring run keeps its scores
+# and evaluations, until the run is written
 TRAINING_STATE = os.path.join("state", "training.pt")
 BASELINES_STATE = os.path.join("state", "baselines.pt")
+SCORING_STATE = os.path.join("state", "scoring.pt")
 
 
 def save_run(ctx: RunContext, metrics: dict, circuit: Optional[Graph] = None) -> dict:
@@ -117,7 +119,7 @@ def save_run(ctx: RunContext, metrics: dict, circuit: Optional[Graph] = None) ->
         circuit.to_json(ctx.path("circuit.json"))
         circuit.to_image(ctx.path("circuit.png"))
     write_json(ctx.path("metrics.json"), metrics)
-    for resume_file in (TRAINING_STATE, BASELINES_STATE):
+    for resume_file in (TRAINING_STATE, BASELINES_STATE, SCORING_STATE):
         if os.path.exists(ctx.path(resume_file)):
             os.remove(ctx.path(resume_file))
     return metrics

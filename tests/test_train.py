@@ -56,6 +56,50 @@ def test_recipe_run_writes_artifacts(tiny_model_dir, tmp_path):
     assert again.method == "eap_ig" and again.ig_steps == 2 and again.output_dir == str(out)
 
 
+def test_an_interrupted_scoring_run_goes_on_from_its_scores_and_evaluations(tiny_model_dir, tmp_path,
+                                                                             monkeypatch):
+    """state/scoring.pt keeps the scores once ranked and each top-n evaluation as it is made:
+    killed at the curves' fifth evaluation, the rerun does not rank again, evaluates only what
+    is left, and writes the uninterrupted run's circuit and numbers (and the killed run's
+    ranking time)."""
+    import condense.curves
+    import condense.methods.scoring as scoring
+    import torch
+    recipe = small_recipe(tmp_path, tiny_model_dir, method="eap_ig", ig_steps=2)
+    real_attribute, real_evaluate = scoring.attribute, condense.curves.evaluate
+    calls = {"rank": 0, "evaluate": 0, "kill_at": None}
+
+    def ranking(*a, **k):
+        calls["rank"] += 1
+        return real_attribute(*a, **k)
+
+    def evaluating(*a, **k):
+        calls["evaluate"] += 1
+        if calls["evaluate"] == calls["kill_at"]:
+            raise KeyboardInterrupt
+        return real_evaluate(*a, **k)
+    monkeypatch.setattr(scoring, "attribute", ranking)
+    monkeypatch.setattr(condense.curves, "evaluate", evaluating)
+    whole = train.main(["--recipe", recipe, f"output_dir={tmp_path / 'whole'}"])
+    whole_evaluations = calls["evaluate"]
+    out = tmp_path / "out"
+    calls.update(rank=0, evaluate=0, kill_at=5)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(["--recipe", recipe, f"output_dir={out}"])
+    saved = torch.load(out / "state" / "scoring.pt", weights_only=True)
+    assert calls["rank"] == 1 and sum(len(m) for m in saved["memos"].values()) == 4
+    calls.update(rank=0, evaluate=0, kill_at=None)
+    resumed = train.main(["--recipe", recipe, f"output_dir={out}"])
+    assert calls["rank"] == 0 and calls["evaluate"] == whole_evaluations - 4
+    assert not (out / "state" / "scoring.pt").exists()
+    timings = ("rank_seconds", "curve_seconds", "search_seconds")
+    assert {k: v for k, v in resumed.items() if k not in timings} == \
+        {k: v for k, v in whole.items() if k not in timings}
+    assert resumed["rank_seconds"] == saved["rank_seconds"] > 0
+    assert resumed["curve_seconds"] >= saved["seconds"]["curve"] > 0
+    assert (out / "circuit.json").read_text() == (tmp_path / "whole" / "circuit.json").read_text()
+
+
 def test_unknown_key_fails_before_any_model_loads(tmp_path, monkeypatch):
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")

@@ -159,13 +159,9 @@ def _baselines_key(graph, rows, size, budgets, *settings) -> str:
     """What a saved baseline record depends on: the model's shape, the rows (mean ablation's
     means are the train rows'), the circuit size, the budgets and the scoring and evaluation
     settings."""
-    import hashlib
-    from condense.evaluate import dataset_columns
-    digest = hashlib.sha256()
-    for split in ("train", "test"):
-        digest.update(repr((split, dataset_columns(rows[split])[0])).encode())
+    from condense.evaluate import rows_digest
     return repr((repr(graph.shape), size, [int(b) for b in budgets], repr(settings),
-                 digest.hexdigest()))
+                 rows_digest(rows["train"], rows["test"])))
 
 
 def done_when(s3, compared):
