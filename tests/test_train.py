@@ -167,3 +167,11 @@ def test_runs_by_path_under_accelerate_launch(tiny_model_dir, tmp_path):
                           recipe, "method=acdc"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode != 0 and "valid: " in bad.stderr and "eap_ig" in bad.stderr
+    # as a module, the same (python -m condense.train, accelerate launch -m condense.train)
+    by_module = tmp_path / "by_module"
+    done = subprocess.run([sys.executable, "-m", "condense.train", "--recipe", recipe,
+                           f"output_dir={by_module}", "threads=1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(by_module / "metrics.json") as f:
+        assert json.load(f)["method"] == "random"
