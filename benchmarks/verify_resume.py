@@ -12,33 +12,21 @@ uninterrupted run made with the same options) stay as they are and serve as the 
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from interrupted import run_command
+
 COMPARED = ("circuit_faithful", "irreducible", "one_minimal", "removable_edges",
             "accuracy_circuit", "faithfulness_circuit", "accuracy_without_edge",
             "faithfulness_without_edge", "subsets_evaluated")
 
 
 def verify(run, out, extra, stop_after=None):
-    """(seconds, return code, stderr) of one `condense verify` run; with stop_after, SIGTERM that
+    """(seconds, return code, output) of one `condense verify` run; with stop_after, SIGTERM that
     many seconds after its first save (verify_state.pt appearing in `out`)."""
     cmd = [sys.executable, "-m", "condense.verify", run, "--out", out, *extra]
-    state = os.path.join(out, "verify_state.pt")
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    if stop_after is not None:
-        while proc.poll() is None and not os.path.exists(state):
-            time.sleep(0.5)
-        time.sleep(stop_after)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    err = proc.communicate()[1]
-    return time.perf_counter() - start, proc.returncode, err
+    return run_command(cmd, os.path.join(out, "verify_resume.log"),
+                       os.path.join(out, "verify_state.pt"), stop_after)
 
 
 def main(argv=None):
