@@ -150,6 +150,17 @@ def test_shipped_recipes_parse_and_name_their_command():
         assert cfg.method in methods() and cfg.output_dir
 
 
+def test_shipped_runs_recipes_rerun_them():
+    """Each shipped run's recipe.yaml is the command that reruns it, for today's keys (the
+    organism's is its training recipe, `condense organism --recipe`)."""
+    paths = [p for p in sorted(glob.glob(os.path.join(ROOT, "checkpoints", "*", "recipe.yaml")))
+             if os.path.basename(os.path.dirname(p)) != "organism"]
+    assert len(paths) >= 20
+    for path in paths:
+        cfg = runs.load_config(path)
+        assert cfg.method in methods(), path
+
+
 def test_runs_by_path_under_accelerate_launch(tiny_model_dir, tmp_path):
     """accelerate runs the script by path (no package), which must still import condense."""
     out = tmp_path / "launched"
