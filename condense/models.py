@@ -144,10 +144,24 @@ def model_folder(name_or_path):
         gguf = name_or_path
         folder = os.path.join(cache_dir(), "models", "gguf", _gguf_key(gguf))
     else:
-        return name_or_path
+        return _shipped(name_or_path)
     if not _complete(folder):
         convert_gguf(gguf, folder)
     return folder
+
+
+# the folder that holds condense/ and, in a source or editable install, checkpoints/
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shipped(path: str) -> str:
+    """`path` itself when it exists (or names a hub model); a relative path that exists only
+    under REPO_ROOT (checkpoints/organism, a shipped run's model) resolves there, so that the
+    shipped recipes and runs work from any working directory."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    shipped = os.path.join(REPO_ROOT, path)
+    return shipped if os.path.exists(shipped) else path
 
 
 def _complete(folder):

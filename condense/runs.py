@@ -122,6 +122,8 @@ def save_run(ctx: RunContext, metrics: dict, circuit: Optional[Graph] = None) ->
     for resume_file in (TRAINING_STATE, BASELINES_STATE, SCORING_STATE):
         if os.path.exists(ctx.path(resume_file)):
             os.remove(ctx.path(resume_file))
+    if os.path.isdir(ctx.path("state")) and not os.listdir(ctx.path("state")):
+        os.rmdir(ctx.path("state"))  # it held only resume files
     return metrics
 
 

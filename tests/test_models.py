@@ -35,3 +35,15 @@ def test_bad_options_are_refused():
 def test_dtype(organism):
     m = load_model("checkpoints/organism", dtype="bfloat16")
     assert next(m.parameters()).dtype == torch.bfloat16
+
+
+def test_shipped_folders_load_from_any_working_directory(tmp_path, monkeypatch):
+    """The shipped recipes name checkpoints/organism: a run started outside the repository
+    finds it there; a path that exists where the run starts, and a hub name, are left alone."""
+    from condense.models import REPO_ROOT, model_folder
+    monkeypatch.chdir(tmp_path)
+    assert model_folder("checkpoints/organism") == f"{REPO_ROOT}/checkpoints/organism"
+    assert load_model("checkpoints/organism").config.model_type == "gpt2"
+    (tmp_path / "checkpoints" / "organism").mkdir(parents=True)
+    assert model_folder("checkpoints/organism") == "checkpoints/organism"
+    assert model_folder("gpt2") == "gpt2" and model_folder("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
