@@ -20,13 +20,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from condense.artifacts import ResumeFile
 from condense.attribute import METHODS, attribute
 from condense.config import RunConfig
 from condense.curves import cpr_cmd, plot_curve, smallest_faithful
-from condense.evaluate import evaluate, reference_outputs
+from condense.evaluate import evaluate, reference_outputs, rows_digest
 from condense.methods import register
-from condense.artifacts import ResumeFile
-from condense.evaluate import rows_digest
 from condense.runs import SCORING_STATE, RunContext, log, save_run
 
 # recipe method -> condense.attribute method; `eap_ig` is EAP-IG on the inputs
