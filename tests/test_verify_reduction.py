@@ -1,6 +1,7 @@
 """`condense verify --local` on a reducible circuit reduces it greedily to a passing subset that
 no single edge can leave (condense.verify.local.greedy_reduction); checked against the
 exhaustive subset table on tiny models."""
+import pytest
 import torch
 
 from condense.verify.local import greedy_reduction, smallest_within
@@ -127,3 +128,38 @@ def test_report_summary_puts_the_reductions_after_the_verdict_and_before_the_pai
     assert dict(summary_items(local))["greedy reduction (passes, no edge can leave it)"] == "2 edges: c, d"
     full = [k for k, _ in summary_items(dict(criterion="f", n_minimal_faithful_subsets=2))]
     assert full[4:6] == ["minimal faithful subsets", "interacting pairs"]
+
+
+def test_an_interrupted_reduction_replays_its_saved_steps(tmp_path, monkeypatch):
+    """Each greedy step's answer is kept (EvaluationMemo): killed at its second step, the rerun
+    evaluates only the steps after the first and ends with the uninterrupted reduction."""
+    from condense.verify.resume import EvaluationMemo
+    from condense.verify.subsets import SubsetEvaluator
+    model, rows = redundant_model(), redundant_rows()
+    g = circuit(model, REDUNDANT)
+    whole, _, _ = verify_circuit(model, g, rows, batch_size=3, threshold=0.9, local=True)
+    assert len(whole["greedy_removals"]) >= 2, "the case must take two steps or more"
+    real, calls = SubsetEvaluator.mean_logit_diffs, {"n": 0, "kill_at": None}
+
+    def counting(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == calls["kill_at"]:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+    monkeypatch.setattr(SubsetEvaluator, "mean_logit_diffs", counting)
+    path, key = str(tmp_path / "greedy.pt"), "this run"
+    calls.update(n=0, kill_at=3)  # 1: the local check, 2 and 3: greedy steps 2 and 3
+    with pytest.raises(KeyboardInterrupt):
+        verify_circuit(model, g, rows, batch_size=3, threshold=0.9, local=True,
+                       memo=EvaluationMemo(path, key))
+    calls.update(n=0, kill_at=None)
+    memo = EvaluationMemo(path, key)
+    resumed, _, _ = verify_circuit(model, g, rows, batch_size=3, threshold=0.9, local=True, memo=memo)
+    # uninterrupted: the check, one call per removal after the first and one that finds none
+    # passing, then the subsets within the greedy subset; the rerun replays one of them
+    uninterrupted_calls = 1 + len(whole["greedy_removals"]) + 1
+    assert memo.replayed > 0 and calls["n"] == uninterrupted_calls - 1
+    for field in ("greedy_subset", "greedy_removals", "greedy_subset_minimal", "minimal_subset"):
+        assert resumed[field] == whole[field], field
+    other = EvaluationMemo(path, "another run")  # a file of another run is not replayed
+    assert other.done == {}

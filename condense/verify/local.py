@@ -2,6 +2,8 @@
 every circuit without two (`condense verify --local`; `--singles` drops the pairs, for circuits
 whose n(n-1)/2 pairs are out of reach), judged like the exhaustive subsets; and for a reducible
 circuit a greedy reduction to a passing subset from which no edge can go."""
+import sys
+
 import torch
 
 from condense.verify.pairs import _median, judge, pair_interactions
@@ -122,3 +124,49 @@ def smallest_within(evaluate, kept, passes):
     smallest = int(sizes[ok].min())
     best = torch.where(ok & (sizes == smallest), f, torch.full_like(f, -torch.inf)).argmax()
     return masks[best], kept_is_minimal, len(masks)
+
+
+def reduce_circuit(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False,
+                   max_edges=20, progress=None, memo=None) -> dict:
+    """--local on a reducible circuit: greedy_reduction's passing subset that no edge can leave
+    (its first step reuses the one-edge removals just measured); when it has at most
+    `max_edges` edges, every subset of it (smallest_within): a minimal passing subset of the
+    circuit, and whether the greedy subset is one. `memo`: each evaluation is kept there, and
+    one already kept is replayed (an interrupted reduction goes on)."""
+    n, names = evaluator.n_edges, evaluator.edge_names
+
+    def evaluate(masks, **kw):
+        def run(m):
+            return evaluator.mean_logit_diffs(m, with_accuracy=True, **kw)
+        return memo.evaluate(run, masks) if memo is not None else run(masks)
+
+    def passes(ld_, accuracy_):
+        return judge(ld_, accuracy_, ld_full, ld_empty, rule, floor)
+
+    def step(left, f, acc):
+        print(f"greedy reduction: {left} edges left (f {f:.3f}, accuracy {acc:.3f})",
+              file=sys.stderr, flush=True)
+
+    evaluator.kept = {}  # each step asks about a few subsets: prepare each prompt batch once
+    try:
+        kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
+                                                     first=(ld[1:1 + n], accuracy[1:1 + n])
+                                                     if len(ld) > n else None,  # all n measured
+                                                     on_step=step if show else None)
+        out = dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
+                   greedy_subset_size=int(kept.sum()),
+                   greedy_removals=[dict(edge=names[i], faithfulness=f, accuracy=a)
+                                    for i, f, a in removals],
+                   greedy_subsets_evaluated=evaluated,  # those replayed from a save among them
+                   greedy_subsets_replayed=memo.replayed if memo is not None else 0)
+        if int(kept.sum()) <= max_edges:
+            evaluator.kept = None  # many subsets per pass again: nothing to keep
+            smallest, kept_minimal, checked = smallest_within(
+                lambda m: evaluate(m, progress=progress), kept, passes)
+            out.update(greedy_subset_minimal=kept_minimal, subsets_within_greedy=checked)
+            if smallest is not None:  # (the greedy subset passed: only rounding could undo it)
+                out.update(minimal_subset=[names[i] for i in range(n) if bool(smallest[i])],
+                           minimal_subset_size=int(smallest.sum()))
+    finally:
+        evaluator.kept = None
+    return out

@@ -69,3 +69,40 @@ class SubsetSums:
     def remove(self) -> None:
         """The evaluation's results are written elsewhere: its sums are no longer needed."""
         self.file.remove()
+
+
+GREEDY_FILE = "verify_greedy.pt"  # the greedy reduction's steps, until verify.json is written
+
+
+class EvaluationMemo:
+    """Whole evaluations kept by the subsets they asked about. The greedy reduction after a
+    reducible `--local` check asks about a few subsets at a time, step after step (minutes on a
+    real model); each step's answer is saved at `path` once it comes, so that a rerun replays
+    the steps done (the same answers, hence the same path) and evaluates only the rest. Named
+    by `key` (the run and the evaluator's settings); another key's file is ignored."""
+
+    def __init__(self, path: str, key: str):
+        self.path, self.key = path, key
+        self.file = ResumeFile(path, 0.0, "verify: ")
+        state = self.file.read(key)
+        self.done = dict(state["done"]) if state is not None else {}
+        self.replayed = 0  # subsets answered from the file
+        if self.done:
+            print(f"verify: going on from {path} ({len(self.done)} reduction steps done before)",
+                  file=sys.stderr, flush=True)
+
+    def evaluate(self, evaluate, masks: torch.Tensor):
+        """evaluate(masks) -> (ld, accuracy), or the saved answer to these very masks."""
+        h = hashlib.sha1(str(tuple(masks.shape)).encode())
+        h.update(masks.detach().cpu().contiguous().numpy().tobytes())
+        digest = h.hexdigest()
+        if digest in self.done:
+            self.replayed += masks.shape[0]
+            return tuple(t.clone() for t in self.done[digest])
+        ld, accuracy = evaluate(masks)
+        self.done[digest] = (ld.detach().cpu().clone(), accuracy.detach().cpu().clone())
+        self.file.write(dict(key=self.key, done=self.done))
+        return ld, accuracy
+
+    def remove(self) -> None:
+        self.file.remove()

@@ -57,9 +57,9 @@ import torch
 from condense.artifacts import read_json
 from condense.metrics import ACCURACY_EPS
 from condense.verify.analysis import analyse
-from condense.verify.local import analyse_local, greedy_reduction, local_masks, smallest_within
-from condense.verify.resume import STATE_FILE, SubsetSums, run_state_key
-from condense.verify.pairs import judge
+from condense.verify.local import analyse_local, local_masks, reduce_circuit
+from condense.verify.resume import (GREEDY_FILE, STATE_FILE, EvaluationMemo, SubsetSums,
+                                    run_state_key)
 from condense.verify.pictures import plot_pairs, plot_removals, plot_subsets
 from condense.verify.progress import Progress
 from condense.verify.verdict import irreducibility_words, local_words
@@ -122,7 +122,7 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                    top1_floor: Optional[float] = None,
                    reduce: bool = True, pairs: bool = True,
                    max_removals: Optional[int] = None,
-                   sums=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                   sums=None, memo=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Exhaustive-subset and pairwise verification of `graph`'s in-graph edges on `dataset`.
     A subset passes by `criterion`: "faithfulness" (f >= threshold), "accuracy" (accuracy
     within `accuracy_tol` of the reference's, condensation's gate) or "both". The reference is
@@ -136,7 +136,8 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
     one-edge removals only, and with `max_removals` K only the first K of them), any size, and
     (report, None, None); with `reduce`, a reducible circuit's greedy reduction too
     (greedy_reduction). `sums` (condense.verify.resume.SubsetSums): the subset evaluation keeps
-    its running sums there and goes on from them after an interruption."""
+    its running sums there and goes on from them after an interruption; `memo`
+    (condense.verify.resume.EvaluationMemo) does the same for the greedy reduction's steps."""
     if criterion not in CRITERIA[1:]:
         raise ValueError(f"criterion {criterion!r}; choose one of {', '.join(CRITERIA[1:])}")
     if max_removals is not None and (not local or pairs or max_removals < 1):
@@ -181,9 +182,9 @@ def verify_circuit(model: torch.nn.Module, graph, dataset, *, intervention: str 
                         **_throughput(evaluator, len(masks), subsets_s)))
         if reduce and report["circuit_faithful"] and report["removable_edges"]:
             start = time.perf_counter()
-            report.update(_reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
-                                   show=progress is not None, max_edges=max_edges,
-                                   progress=progress))
+            report.update(reduce_circuit(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor,
+                                         show=progress is not None, max_edges=max_edges,
+                                         progress=progress, memo=memo))
             report["timing"]["greedy_s"] = time.perf_counter() - start
         if top1_floor is not None:
             report.update(check_top1(evaluator, reference, full, [], top1_floor))
@@ -216,49 +217,6 @@ def _throughput(evaluator, n_subsets: int, seconds: float) -> dict:
     new_work = n_subsets * evaluator.n_rows - evaluator.resumed
     return dict(subsets_per_s=new_work / evaluator.n_rows / seconds,
                 subset_prompts_per_s=new_work / seconds)
-
-
-def _reduced(evaluator, ld, accuracy, ld_full, ld_empty, rule, floor, show=False,
-             max_edges=DEFAULT_MAX_EDGES, progress=None) -> dict:
-    """--local on a reducible circuit: greedy_reduction's passing subset that no edge can leave
-    (its first step reuses the one-edge removals just measured); when it has at most
-    `max_edges` edges, every subset of it (smallest_within): a minimal passing subset of the
-    circuit, and whether the greedy subset is one."""
-    n, names = evaluator.n_edges, evaluator.edge_names
-
-    def evaluate(masks):
-        return evaluator.mean_logit_diffs(masks, with_accuracy=True)
-
-    def passes(ld_, accuracy_):
-        return judge(ld_, accuracy_, ld_full, ld_empty, rule, floor)
-
-    def step(left, f, acc):
-        print(f"greedy reduction: {left} edges left (f {f:.3f}, accuracy {acc:.3f})",
-              file=sys.stderr, flush=True)
-
-    evaluator.kept = {}  # each step asks about a few subsets: prepare each prompt batch once
-    try:
-        kept, removals, evaluated = greedy_reduction(evaluate, n, passes,
-                                                     first=(ld[1:1 + n], accuracy[1:1 + n])
-                                                     if len(ld) > n else None,  # all n measured
-                                                     on_step=step if show else None)
-        out = dict(greedy_subset=[names[i] for i in range(n) if bool(kept[i])],
-                   greedy_subset_size=int(kept.sum()),
-                   greedy_removals=[dict(edge=names[i], faithfulness=f, accuracy=a)
-                                    for i, f, a in removals],
-                   greedy_subsets_evaluated=evaluated)
-        if int(kept.sum()) <= max_edges:
-            evaluator.kept = None  # many subsets per pass again: nothing to keep
-            smallest, kept_minimal, checked = smallest_within(
-                lambda m: evaluator.mean_logit_diffs(m, progress=progress, with_accuracy=True),
-                kept, passes)
-            out.update(greedy_subset_minimal=kept_minimal, subsets_within_greedy=checked)
-            if smallest is not None:  # (the greedy subset passed: only rounding could undo it)
-                out.update(minimal_subset=[names[i] for i in range(n) if bool(smallest[i])],
-                           minimal_subset_size=int(smallest.sum()))
-    finally:
-        evaluator.kept = None
-    return out
 
 
 MAX_TOP1_CHECKED = 100  # minimal subsets whose top-1 agreement verify measures
@@ -368,11 +326,12 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     sums = SubsetSums(os.path.join(out, STATE_FILE), run_state_key(
         run, model=model_path, quantization=quantization, task=task, split=split, n=n, seed=seed,
         intervention=intervention, dtype=dtype, device=str(device)))
+    memo = EvaluationMemo(os.path.join(out, GREEDY_FILE), repr((sums.key, batch_size, method)))
     report, f, minimal = verify_circuit(
         net, graph, rows, intervention=intervention, means=means, threshold=threshold, tau=tau,
         batch_size=batch_size, method=method, max_edges=max_edges, progress=show,
         criterion=criterion, accuracy_tol=run_rule["accuracy_tol"], local=local, reduce=reduce,
-        pairs=pairs, max_removals=max_removals, sums=sums,
+        pairs=pairs, max_removals=max_removals, sums=sums, memo=memo,
         reference_logits=reference_logits, reference_name=reference,
         top1_floor=run_rule["top1_floor"] if criterion == run_rule["criterion"] else None)
     report = dict(run_dir=run_dir, model=model_path, adapter=adapter, quantization=quantization,
@@ -392,6 +351,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
         plot_removals(os.path.join(out, "verify_removals.png"), report)
     write_json(os.path.join(out, "verify.json"), report)
     sums.remove()  # verify.json holds the results now
+    memo.remove()
     if os.path.abspath(out) == os.path.abspath(run_dir):
         from condense.report import refresh_report
         refresh_report(run_dir)
