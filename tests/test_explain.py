@@ -153,6 +153,29 @@ def test_neurons_direct_and_inherited_tokens(tiny, ids):
     assert [e["id"] for e in r2["neurons"][0]["input_tokens"]] == [ids["B"]]
 
 
+def test_a_neurons_outputs_are_validated_alike_through_its_one_direction():
+    """A neuron writes one direction: _validate_outputs with `effect` = U* w (thresholds from
+    quantiles of |value| and |effect|) keeps the same tokens with the same signs as with the
+    [tokens, V] products of the general path, on the organism's first MLP."""
+    from condense.models import load_model, load_tokenizer
+    model, tok = load_model(ORGANISM), load_tokenizer(ORGANISM)
+    lens = WeightLens(model, Graph.from_model(model), tok("The next word is")["input_ids"])
+    writes, hidden, checked = lens.neuron_writes(0), lens.mlp_hidden(0, lens.E), 0
+    for i in range(0, writes.shape[0], 32):
+        def what(s, h, i=i):
+            return h[0, i:i + 1]
+        effect = writes[i] @ lens.U_star.T
+        candidates = torch.cat([effect.topk(8).indices, (-effect).topk(8).indices]).tolist()
+        tests = hidden[:, i].topk(6).indices.tolist()  # the tokens that drive it most
+        general = lens._validate_outputs(f"n{i}", candidates, lambda o: tests, what,
+                                         write=lambda d, i=i: d * writes[i])
+        one_direction = lens._validate_outputs(f"n{i}", candidates, lambda o: tests, what,
+                                               effect=effect)
+        assert one_direction == general, i
+        checked += len(general)
+    assert checked > 0  # some outputs validated: the comparison is not between empty sets
+
+
 def test_jaccard_and_average_linkage():
     sets = [{"a", "b"}, {"a", "b"}, {"a", "b", "c"}, {"x", "y"}, {"x", "y", "z"}, {"x", "y"}, set(), set()]
     D = jaccard_distances(sets)

@@ -145,7 +145,7 @@ def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vo
                 sc, how = w, "weights (embedding activation std x ||w_out||)"
             order = sorted(range(sc.numel()), key=lambda i: (-abs(float(sc[i])), -float(w[i])))
             top = order[:n_neurons]
-            wl = lens.explain_mlp(name, top, up)
+            wl = lens.explain_mlp(name, top, up, progress=progress)
             wl["neuron_selection"] = how
             for r in wl["neurons"]:
                 r["selection_score"] = float(sc[r["neuron"]])

@@ -233,7 +233,8 @@ class WeightLens:
             ids = torch.tensor([self._contexts(setting, t) for t in batch], device=self.device)
             if setting.startswith("key"):
                 pos = ids.shape[1] - 2
-                att = self.model(input_ids=ids, output_attentions=True).attentions
+                # only the attention weights are read: logits for one position, not every one
+                att = self.model(input_ids=ids, output_attentions=True, logits_to_keep=1).attentions
                 a = torch.stack([x[:, :, -1, pos] for x in att], 1).float().cpu()  # [B, L, H]
                 for j, t in enumerate(batch):
                     runs.attn[t] = a[j]
@@ -281,20 +282,31 @@ class WeightLens:
                 acts[t].append(v)
         return [t for t, good in zip(tokens, ok.tolist()) if good], acts, thresholds
 
-    def _validate_outputs(self, key, candidates, tests_for, what, write):
+    def _validate_outputs(self, key, candidates, tests_for, what, write=None, effect=None):
         """{o: (sign, tested_with)} for output candidates o (see the module docstring);
-        `write(values - baseline mean)` maps recorded node values to residual writes [N, d]."""
+        `write(values - baseline mean)` maps recorded node values to residual writes [N, d].
+        A node that writes one direction w (a neuron: one recorded value v, writing v * w)
+        passes `effect` = U* w [V] instead: every logit effect is then v * effect, and each
+        threshold a quantile of |v| times |effect| or of |effect| times |v|, without the
+        [baseline tokens, V] products (on a 262k vocabulary most of a neuron's time)."""
         tests = list(dict.fromkeys(t for o in candidates for t in tests_for(o)))
         if not tests:
             return {}
-        rows, base_thr = {}, {}
+        q_act, q_out = self.cfg.act_percentile / 100, self.cfg.out_percentile / 100
+        rows, base_thr, row_thr = {}, {}, {}
         for setting in ("iso", "ctx"):
             mean, base = self._baseline(key, setting, what)
-            rows[setting] = write(self._values(setting, tests, what) - mean) @ self.U_star.T   # [n, V]
-            base_eff = (write(base - mean) @ self.U_star.T).abs()                             # [n_b, V]
-            base_thr[setting] = torch.quantile(base_eff, self.cfg.act_percentile / 100, dim=0)
+            if effect is None:
+                rows[setting] = write(self._values(setting, tests, what) - mean) @ self.U_star.T  # [n, V]
+                base_eff = (write(base - mean) @ self.U_star.T).abs()                             # [n_b, V]
+                base_thr[setting] = torch.quantile(base_eff, q_act, dim=0)
+                row_thr[setting] = torch.quantile(rows[setting].abs(), q_out, dim=1)
+            else:
+                v = (self._values(setting, tests, what) - mean)[:, 0]                            # [n]
+                rows[setting] = v[:, None] * effect[None]                                        # [n, V]
+                base_thr[setting] = effect.abs() * torch.quantile((base - mean)[:, 0].abs(), q_act)
+                row_thr[setting] = v.abs() * torch.quantile(effect.abs(), q_out)
         floor = FLOOR * max(float(r.abs().max()) for r in rows.values())
-        row_thr = {k: torch.quantile(r.abs(), self.cfg.out_percentile / 100, dim=1) for k, r in rows.items()}
         index = {t: i for i, t in enumerate(tests)}
         result = {}
         for o in candidates:
@@ -397,8 +409,9 @@ class WeightLens:
                            suppressed=[o for o in out_cand if o in outs and outs[o][0] == "-"]),
             context_dependent=not (ov_ok or key_ok or outs))
 
-    def explain_mlp(self, name, neurons, upstream=()):
-        """neurons: indices of the neurons that explain this MLP (e.g. its top 8)."""
+    def explain_mlp(self, name, neurons, upstream=(), progress=None):
+        """neurons: indices of the neurons that explain this MLP (e.g. its top 8); progress(text)
+        hears as each is done (a neuron takes seconds to tens of seconds on a real model)."""
         _, l, _ = parse_node(name)
         cfg = self.cfg
         hid = self.mlp_hidden(l, self.E)                         # [V, d_mlp]
@@ -408,7 +421,7 @@ class WeightLens:
             if self.validated.get(u):
                 inherited_hidden[u] = zscore(self.mlp_hidden(l, self.E + self._upstream_writes(u)))
         reports, all_inputs = [], set()
-        for i in neurons:
+        for k, i in enumerate(neurons):
             z_in = zscore(hid[:, i])
             cand = {t: ("direct", float(z_in[t])) for t in _top(z_in, cfg.z, cfg.max_candidates)}
             for u, zu in inherited_hidden.items():
@@ -421,11 +434,12 @@ class WeightLens:
                 return h[l, i:i + 1]
 
             ok, acts, thr = self._validate_inputs(key, list(cand), what, lambda v, m: v[:, 0])
-            z_out = zscore(writes[i] @ self.U_star.T)
+            effect = writes[i] @ self.U_star.T
+            z_out = zscore(effect)
             out_cand = _top(z_out, cfg.z, cfg.max_candidates) + _top(z_out, cfg.z, cfg.max_candidates, -1)
             tests = sorted(ok, key=lambda t: -acts[t][1])[: cfg.n_output_tests]
             outs = self._validate_outputs(key, out_cand, lambda o, tests=tests: tests, what,
-                                          lambda d, i=i: d * writes[i])
+                                          effect=effect)
             all_inputs |= set(ok)
             reports.append(dict(
                 neuron=i, name=key,
@@ -439,6 +453,9 @@ class WeightLens:
                                promoted=[o for o in out_cand if o in outs and outs[o][0] == "+"],
                                suppressed=[o for o in out_cand if o in outs and outs[o][0] == "-"]),
                 context_dependent=not (ok or outs)))
+            if progress is not None:
+                progress(f"{name}: neuron {k + 1}/{len(neurons)} (n{i}), {len(ok)} inputs, "
+                         f"{len(outs)} outputs validated")
         self.validated[name] = all_inputs
 
         def union(k):
