@@ -153,6 +153,17 @@ def test_neurons_direct_and_inherited_tokens(tiny, ids):
     assert [e["id"] for e in r2["neurons"][0]["input_tokens"]] == [ids["B"]]
 
 
+def test_top_quantile_is_torch_quantile_bit_for_bit():
+    from condense.explain.weightlens import top_quantile
+    gen = torch.Generator().manual_seed(0)
+    for shape, dim in [((256, 999), 0), ((6, 5000), 1), ((5000,), None), ((7, 3), 0), ((1, 1), 1)]:
+        x = torch.randn(*shape, generator=gen).abs()
+        x[0] = x.flatten()[-1]  # ties
+        for q in (0.0, 0.123, 0.5, 0.9, 0.95, 0.99, 1.0):
+            want = torch.quantile(x, q) if dim is None else torch.quantile(x, q, dim=dim)
+            assert torch.equal(top_quantile(x, q, dim), want), (shape, dim, q)
+
+
 def test_a_neurons_outputs_are_validated_alike_through_its_one_direction():
     """A neuron writes one direction: _validate_outputs with `effect` = U* w (thresholds from
     quantiles of |value| and |effect|) keeps the same tokens with the same signs as with the
