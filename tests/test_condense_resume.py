@@ -189,6 +189,9 @@ def test_a_run_killed_mid_heal_goes_on_from_the_heals_last_save(tiny_model, tmp_
     _, healed = killed_in_a_heal_then_rerun(recipe, out, monkeypatch, kill_at=6 + 4, sleep=0.5)
     assert healed == 6 - 3 and not os.path.exists(os.path.join(out, "state", "heal_r0002.pt"))
     assert _rounds(out)[1]["time"] >= 3 * 0.5
+    # the run's total wall time counts the killed process up to its last commit (round 1)
+    metrics = json.loads(open(os.path.join(out, "metrics.json")).read())
+    assert metrics["wall_seconds_total"] >= metrics["wall_seconds"] + _rounds(out)[0]["time"]
 
     def same(rounds):
         return [{k: v for k, v in r.items() if k != "time"} for r in rounds]

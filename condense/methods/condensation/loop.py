@@ -153,13 +153,15 @@ class _Loop:
         """(state, circuit): the committed state of an earlier run of the same recipe, or round 0."""
         cfg = self.cfg
         state, circuit = _load_state(self.out, self.ctx.model, self.model, cfg)
+        # the wall time of earlier processes on this run, up to each one's last commit
+        self.earlier_seconds = float(state.get("seconds", 0.0)) if state is not None else 0.0
         barrier()  # every process has read the state before the main one may write a first one
         if state is None:
             circuit = initial_circuit(self.full, cfg, self.ctx.model)
             state = dict(round=0, accepted_round=0, cut=cfg.prune_fraction, done=False, rounds=[],
                          fingerprint=_fingerprint(cfg),
                          seeds="round r draws from torch.Generator().manual_seed(seed*100003 + r)")
-            state = _save_state(self.out, self.model, circuit, state)
+            state = self._commit(circuit, state)
         else:
             log(f"resuming after round {state['round']} (accepted round {state['accepted_round']}, "
                 f"{circuit.count_edges(on_path=True)} edges, cut {state['cut']:.3f})")
@@ -168,6 +170,11 @@ class _Loop:
                 if state.get("final_heal") and os.path.exists(self._heal_file("final")):
                     os.remove(self._heal_file("final"))  # committed before a kill removed it
         return state, circuit
+
+    def _commit(self, circuit, state):
+        """Save the state (condensation.state._save_state) with the run's wall time so far."""
+        state["seconds"] = self.earlier_seconds + time.perf_counter() - self.start_time
+        return _save_state(self.out, self.model, circuit, state)
 
     def round(self, state, circuit):
         """Rank, cut, heal and gate one round; commit it; returns the new (state, circuit)."""
@@ -235,7 +242,7 @@ class _Loop:
                 state["done"] = True
             else:
                 state["cut"] = max(cut / 2, cfg.min_prune_fraction)
-        state = _save_state(self.out, model, circuit, state)
+        state = self._commit(circuit, state)
         if is_main():
             _write_rounds(self.out, state["rounds"])
             self._drop_spent_heals(rnd)  # committed: the heal's own save is spent
@@ -304,7 +311,7 @@ class _Loop:
             f"f {record['faithfulness']:.3f}: "
             f"{'kept' if ok else 'rejected, the last accepted adapter kept'}")
         state["final_heal"] = record
-        state = _save_state(self.out, model, circuit, state)
+        state = self._commit(circuit, state)
         if is_main() and os.path.exists(self._heal_file("final")):
             os.remove(self._heal_file("final"))
         return state
@@ -316,7 +323,7 @@ class _Loop:
         record = state.pop("final_heal")
         load_adapter_state(self.model, load_file(os.path.join(self.out, "state", record["from_adapter"])))
         log("final heal undone: its settings changed or more rounds follow")
-        return _save_state(self.out, self.model, circuit, state)
+        return self._commit(circuit, state)
 
     def finish(self):
         """Final metrics on test from the committed state (a resumed run ends identically)."""
@@ -346,8 +353,9 @@ class _Loop:
             ppl=ppl, ppl_original=self.gate.ppl_original,
             accuracy_original_val=self.gate.accuracy_original, rounds=state["round"],
             accepted_rounds=sum(r["accepted"] for r in state["rounds"]),
-            wall_seconds=time.perf_counter() - self.start_time,
-            # wall_seconds counts this process only; a resumed run's rounds add up here
+            wall_seconds=time.perf_counter() - self.start_time,  # this process
+            # and every earlier process on this run up to its last commit (a resumed run)
+            wall_seconds_total=self.earlier_seconds + time.perf_counter() - self.start_time,
             rounds_seconds=sum(r.get("time", 0.0) for r in state["rounds"]),
             n_train=len(rows["train"]), n_val=len(rows["val"]), n_test=len(rows["test"]),
             n_general=len(self.blocks), **extra)
