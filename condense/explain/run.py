@@ -135,7 +135,7 @@ def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vo
         kind, l, _ = parse_node(name)
         up = upstream_edges(graph, name)
         if kind == "attention":
-            wl = lens.explain_head(name, up)
+            wl = lens.explain_head(name, up, progress=progress)
         else:
             w = weight_neuron_scores(lens, l)
             if attribution is not None and neuron_ranking == "attribution":

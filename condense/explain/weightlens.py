@@ -359,8 +359,9 @@ class WeightLens:
         return out
 
     # ------------------------------------------------------------ nodes
-    def explain_head(self, name, upstream=()):
-        """upstream: (node, role) pairs of circuit edges into this head (role q/k/v)."""
+    def explain_head(self, name, upstream=(), progress=None):
+        """upstream: (node, role) pairs of circuit edges into this head (role q/k/v);
+        progress(text) hears as its inputs and then its keys are validated."""
         _, l, h = parse_node(name)
         cfg, key = self.cfg, name
         sender = self.graph.head_sender(l, h)
@@ -393,6 +394,8 @@ class WeightLens:
 
         ov_ok, ov_acts, ov_thr = self._validate_inputs(key, list(ov), what, dev)
         self.validated[name] = set(ov_ok)
+        if progress is not None:
+            progress(f"{name}: {len(ov_ok)} of {len(ov)} input tokens validated")
         key_att, key_thr = {}, []
         ok = torch.ones(len(keys), dtype=torch.bool)
         for setting in ("key_iso", "key_ctx"):
@@ -404,6 +407,8 @@ class WeightLens:
                 for t, v in zip(keys, a.tolist()):
                     key_att.setdefault(t, []).append(v)
         key_ok = [t for t, good in zip(keys, ok.tolist()) if good]
+        if progress is not None:
+            progress(f"{name}: {len(key_ok)} of {len(keys)} key tokens validated")
         tests = sorted(ov_ok, key=lambda t: -ov_acts[t][1])[: cfg.n_output_tests]
         outs = self._validate_outputs(key, out_cand, lambda o: [o] + [t for t in tests if t != o],
                                       what, lambda d: d)
