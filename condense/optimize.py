@@ -75,13 +75,12 @@ class FitState:
         self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
         self.key, self.resumed_at = None, 0
         self.earlier_seconds = self.earlier_cpu_seconds = 0.0
-        self._started = (time.perf_counter(), time.process_time())
 
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
         """(the step to start at, the losses of the steps before it); (0, []) without a file
         of this training."""
         self.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
-        self._started = (time.perf_counter(), time.process_time())
+        self._started = (time.perf_counter(), time.process_time())  # this process's share starts
         state = self.file.read(self.key)
         if state is None:
             return 0, []

@@ -11,6 +11,7 @@ import torch
 
 from condense.artifacts import ResumeFile, atomic_write, write_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
+from condense.evaluate import rows_digest
 from condense.methods import register
 from condense.optimize import FitState, world
 from condense.runs import BASELINES_STATE, TRAINING_STATE, RunContext, log, save_run
@@ -159,7 +160,6 @@ def _baselines_key(graph, rows, size, budgets, *settings) -> str:
     """What a saved baseline record depends on: the model's shape, the rows (mean ablation's
     means are the train rows'), the circuit size, the budgets and the scoring and evaluation
     settings."""
-    from condense.evaluate import rows_digest
     return repr((repr(graph.shape), size, [int(b) for b in budgets], repr(settings),
                  rows_digest(rows["train"], rows["test"])))
 
