@@ -106,7 +106,7 @@ def entry():
         result = main()
     except KeyboardInterrupt:
         print("\ninterrupted; rerun the same command: condensation, Edge Pruning, HAP, S3martCirc, "
-              "edge scoring and verify go on where they stopped; other commands start over",
+              "edge scoring, verify and explain go on where they stopped; other commands start over",
               file=sys.stderr)
         sys.exit(130)
     except user_errors() as e:

@@ -276,9 +276,11 @@ def test_name_fractions():
     assert fr["a1.h0"]["suppressed"]["fraction"] == 1.0
 
 
-def test_cli_writes_explain_json_and_report(tiny, ids, tmp_path, capsys):
-    model_dir, run = tmp_path / "model", tmp_path / "run"
-    tiny.save_pretrained(model_dir)
+def _tiny_run(tiny, tmp_path, run_name="run"):
+    """A run folder over the tiny model: a0.h0 and m0 in the circuit, a0.h1 weakly."""
+    model_dir, run = tmp_path / "model", tmp_path / run_name
+    if not model_dir.exists():
+        tiny.save_pretrained(model_dir)
     g = Graph.from_model(tiny)
     g.reset(in_graph=False)
     for name, score in [("input->a0.h0<v>", 2.0), ("a0.h0->logits", 3.0), ("a0.h0->m0", 1.0),
@@ -290,6 +292,11 @@ def test_cli_writes_explain_json_and_report(tiny, ids, tmp_path, capsys):
     with open(run / "recipe.yaml", "w") as f:
         yaml.safe_dump(dict(model=str(model_dir), tokenizer=os.path.abspath(ORGANISM), task="ioi",
                             intervention="patching", device="cpu"), f)
+    return run
+
+
+def test_cli_writes_explain_json_and_report(tiny, ids, tmp_path, capsys):
+    run = _tiny_run(tiny, tmp_path)
     rc = main([str(run), "--n-contexts", "6", "--n-task", "8", "--n-general", "4",
                "--neurons", "2", "--neuron-ranking", "weights", "--threads", "1",
                "--neutral-text", NEUTRAL])
@@ -315,3 +322,44 @@ def test_cli_writes_explain_json_and_report(tiny, ids, tmp_path, capsys):
     md = (run / "explain.md").read_text()
     assert "## a0.h0" in md and "## m0" in md and repr(WORDS["B"]) in md and "context-dependent" in md
     assert "included" in capsys.readouterr().out
+
+
+def test_an_interrupted_explain_goes_on_with_the_nodes_not_yet_done(tiny, tmp_path, monkeypatch,
+                                                                      capsys):
+    """Killed while explaining its MLP node, the rerun explains only that node (the two heads
+    and the neuron attribution come from the resume file) and writes what one uninterrupted
+    run writes; the resume file goes once explain.json is written."""
+    from condense.explain import run as explain
+    args = ["--n-contexts", "6", "--n-task", "8", "--n-general", "4", "--neurons", "2",
+            "--threads", "1", "--neutral-text", NEUTRAL]
+    whole = _tiny_run(tiny, tmp_path, "whole")
+    assert main([str(whole)] + args) == 0
+    run = _tiny_run(tiny, tmp_path, "run")
+    real_mlp, real_head = WeightLens.explain_mlp, WeightLens.explain_head
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(WeightLens, "explain_mlp", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(run)] + args)
+    assert (run / explain.STATE_FILE).exists() and not (run / "explain.json").exists()
+    calls = []
+
+    def counted(real):
+        def call(self, name, *a, **k):
+            calls.append(name)
+            return real(self, name, *a, **k)
+        return call
+    monkeypatch.setattr(WeightLens, "explain_mlp", counted(real_mlp))
+    monkeypatch.setattr(WeightLens, "explain_head", counted(real_head))
+    monkeypatch.setattr(explain, "neuron_attribution", lambda *a, **k: pytest.fail("attribution redone"))
+    capsys.readouterr()
+    assert main([str(run)] + args) == 0
+    assert calls == ["m0"]
+    assert "resuming: 2 of 3 nodes explained before" in capsys.readouterr().out
+    assert not (run / explain.STATE_FILE).exists()
+    got, want = (json.loads((d / "explain.json").read_text()) for d in (run, whole))
+    assert got["nodes"] == want["nodes"] and got["summary"] == want["summary"]
+    assert got["resumed_seconds"] > 0 and got["seconds"] > got["resumed_seconds"]
+    assert (run / "explain.md").read_text() == (whole / "explain.md").read_text().replace(
+        str(whole), str(run))

@@ -28,9 +28,11 @@ default.
 """
 import argparse
 import importlib
+import json
 import os
 import sys
 import time
+from typing import Callable, Optional
 
 import torch
 
@@ -109,28 +111,43 @@ def weight_neuron_scores(lens, layer):
 def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vocab_size=None,
                     task_rows=None, pool=None, nodes=None, max_nodes=None, n_neurons=8,
                     neuron_ranking="attribution", intervention="patching", lens_config=None,
-                    lens_circuit_config=None, describe=None, progress=print):
+                    lens_circuit_config=None, describe=None, progress=print,
+                    memo: Optional[dict] = None, on_update: Optional[Callable[[], None]] = None):
     """Explanations of the circuit's nodes (`nodes`: names to explain, default all circuit
     nodes). `task_rows`: task rows (clean/corrupted/answer/distractor) for neuron
-    attribution; `pool`: (sequences, sources) for CircuitLens (None: skip CircuitLens)."""
+    attribution; `pool`: (sequences, sources) for CircuitLens (None: skip CircuitLens).
+    `memo` holds what is done ("attribution", and "nodes" by name): what it already holds is
+    taken from it, what is made is put into it, and `on_update` is called after each addition
+    (so that a caller can save it and a rerun go on)."""
     decode = decode or (lambda ids: " ".join(map(str, ids)))
+    memo = {} if memo is None else memo
+    done = memo.setdefault("nodes", {})
     imp = dict(circuit_nodes(graph))
     if nodes is None:
         nodes = list(imp)
         if max_nodes is not None:
             keep = set(sorted(nodes, key=lambda n: -imp[n])[:max_nodes])
             nodes = [n for n in nodes if n in keep]
+    todo = [n for n in nodes if n not in done]
+    if done and progress:
+        progress(f"resuming: {len(nodes) - len(todo)} of {len(nodes)} nodes explained before")
+    if not todo:
+        return {name: done[name] for name in nodes}
     lens = WeightLens(model, graph, neutral_ids, prefix_ids, vocab_size, lens_config)
-    attribution = None
-    if (task_rows is not None and neuron_ranking == "attribution"
-            and any(parse_node(n)[0] == "mlp" for n in nodes)):
-        attribution = neuron_attribution(model, graph, task_rows, intervention)
+    for name in nodes:  # in layer order, as explained: what a node inherits is its upstream's
+        if name in done:
+            lens.remember(name, done[name]["weightlens"])
+    attribution = memo.get("attribution")
+    if (attribution is None and task_rows is not None and neuron_ranking == "attribution"
+            and any(parse_node(n)[0] == "mlp" for n in todo)):
+        attribution = memo["attribution"] = neuron_attribution(model, graph, task_rows, intervention)
+        if on_update:
+            on_update()
     circuit_edges = [e.name for e in graph.edges.values() if e.in_graph]
     clens = None
     if pool is not None:
-        clens = CircuitLens(model, graph, pool[0], pool[1], decode, lens_circuit_config, nodes)
-    out = {}
-    for name in nodes:
+        clens = CircuitLens(model, graph, pool[0], pool[1], decode, lens_circuit_config, todo)
+    for name in todo:
         start = time.perf_counter()
         kind, l, _ = parse_node(name)
         up = upstream_edges(graph, name)
@@ -155,13 +172,15 @@ def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vo
         if clens is not None:
             node["circuitlens"] = clens.explain(name, circuit_edges)
         node["description"] = describe(node) if describe else None
-        out[name] = node
+        done[name] = node
+        if on_update:
+            on_update()
         if progress:
             v = wl["validated"]
             progress(f"{name}: {len(v['input'])} inputs, {len(v['promoted'])}+/{len(v['suppressed'])}- "
                      f"outputs validated{' (context-dependent)' if wl['context_dependent'] else ''}; "
                      f"{time.perf_counter() - start:.1f}s")
-    return out
+    return {name: done[name] for name in nodes}
 
 
 def _label(obj, decode):
@@ -296,11 +315,39 @@ def markdown(report):
 # ---------------------------------------------------------------- a run folder
 
 def load_run(run_dir, model=None, device=None, dtype=None, threads=None):
-    """(run config, model with the run's adapter, tokenizer, circuit, model name, adapter?)."""
+    """(run folder, model with the run's adapter, tokenizer, circuit, model name)."""
     from condense.runs import read_run
     run = read_run(run_dir, "explain")
     net, tokenizer, _ = run.load_model(model, device, dtype, threads)
-    return run.config, net, tokenizer, run.circuit(net), model or run.config.model, run.adapter
+    return run, net, tokenizer, run.circuit(net), model or run.config.model
+
+
+STATE_FILE = "explain_state.pt"  # the nodes explained so far, in the output folder until the end
+
+
+class NodeMemo:
+    """The explained nodes (and the neuron attribution) of one explain command, saved after each
+    node into `path` so that a rerun of the same command explains only the nodes still to do.
+    `key` names the command (run files, model, rows, settings); a file of another key is ignored.
+    Nodes are kept as JSON text, as explain.json will hold them."""
+
+    def __init__(self, path: str, key: str, begin: Optional[float] = None):
+        from condense.artifacts import ResumeFile
+        self.file, self.key = ResumeFile(path, every=0.0, label="explain: "), key
+        self.begin = time.perf_counter() if begin is None else begin  # perf_counter() at the start
+        state = self.file.read(key) or {}
+        self.before = float(state.get("seconds", 0.0))
+        self.memo = {"nodes": json.loads(state.get("nodes", "{}"))}
+        if state.get("attribution") is not None:
+            self.memo["attribution"] = state["attribution"]
+
+    def seconds(self) -> float:
+        """This command's seconds, the killed processes' included."""
+        return self.before + time.perf_counter() - self.begin
+
+    def save(self) -> None:
+        self.file.write(dict(key=self.key, seconds=self.seconds(), attribution=self.memo.get("attribution"),
+                             nodes=json.dumps(self.memo["nodes"])))
 
 
 def _describer(spec):
@@ -319,8 +366,11 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                 describe=None, seed=0, circuitlens=True, progress=print, threads=None):
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
+    from condense.evaluate import rows_digest
+    from condense.verify.resume import run_state_key
     begin = time.perf_counter()
-    recipe, net, tok, graph, model_path, adapter = load_run(run_dir, model, device, dtype, threads)
+    run, net, tok, graph, model_path = load_run(run_dir, model, device, dtype, threads)
+    recipe, adapter = run.config, run.adapter
     task = task or recipe.task
     intervention = recipe.intervention
     if intervention == "mean":
@@ -344,11 +394,23 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     prefix = tasks.prompt_prefix(tok)
     lcfg = LensConfig(z=z, z_inherit=z_inherit, seed=seed)
     ccfg = CircuitLensConfig(n_contexts=n_contexts, seed=seed)
+    out = out_dir or run_dir
+    os.makedirs(out, exist_ok=True)
+    param = next(net.parameters())
+    key = run_state_key(run, model=model_path, device=param.device, dtype=param.dtype, task=task,
+                        rows=rows_digest(rows) if rows is not None else None, split=split,
+                        n_general=n_general, block_size=block_size, neutral=neutral, prefix=prefix,
+                        lens=vars(lcfg), circuitlens=vars(ccfg) if circuitlens else None,
+                        max_nodes=max_nodes, n_neurons=n_neurons, neuron_ranking=neuron_ranking,
+                        intervention=intervention,
+                        describe=getattr(describe, "__qualname__", describe))
+    done = NodeMemo(os.path.join(out, STATE_FILE), key, begin)
     nodes = explain_circuit(net, graph, decode=decode, neutral_ids=neutral, prefix_ids=prefix,
                             vocab_size=len(tok), task_rows=rows, pool=pool, max_nodes=max_nodes,
                             n_neurons=n_neurons, neuron_ranking=neuron_ranking,
                             intervention=intervention, lens_config=lcfg,
-                            lens_circuit_config=ccfg, describe=describe, progress=progress)
+                            lens_circuit_config=ccfg, describe=describe, progress=progress,
+                            memo=done.memo, on_update=done.save)
     summary = dict(n_nodes=len(nodes), context_dependent=[n for n, v in nodes.items()
                                                           if v["weightlens"]["context_dependent"]],
                    top_logits_head=top_logits_head(graph))
@@ -365,11 +427,10 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                               block_size=block_size, neutral_text=neutral_text,
                               neutral_ids=neutral, prefix_ids=prefix, seed=seed,
                               lens=vars(lcfg), circuitlens=vars(ccfg) if circuitlens else None),
-                  summary=summary, nodes=nodes, seconds=time.perf_counter() - begin)
-    out = out_dir or run_dir
-    os.makedirs(out, exist_ok=True)
+                  summary=summary, nodes=nodes, seconds=done.seconds(), resumed_seconds=done.before)
     write_json(os.path.join(out, "explain.json"), report)
     atomic_write(os.path.join(out, "explain.md"), markdown(report))
+    done.file.remove()  # explain.json holds every node now
     if os.path.abspath(out) == os.path.abspath(run_dir):
         from condense.report import refresh_report
         refresh_report(run_dir)

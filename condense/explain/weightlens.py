@@ -145,6 +145,11 @@ class WeightLens:
         self.validated = {}   # node -> set of validated input tokens (feeds inheritance)
         self._base_cache = {}
 
+    def remember(self, name: str, report: dict) -> None:
+        """Take a node's earlier report (explain_head / explain_mlp) as explained here: its
+        validated inputs are what nodes downstream of it inherit (a resumed explain)."""
+        self.validated[name] = set(report["validated"]["input"])
+
     # ------------------------------------------------------------ weights
     def _fold_unembedding(self):
         """U* [V, d]: logit o of a residual write y is y . U*[o] (up to the final norm's scale)."""
