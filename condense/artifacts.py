@@ -9,6 +9,7 @@ import shlex
 import sys
 import tempfile
 import time
+from typing import Optional
 
 
 def atomic_write(path, data, mode=None):
@@ -111,3 +112,30 @@ class ResumeFile:
     def remove(self) -> None:
         if os.path.exists(self.path):
             os.remove(self.path)
+
+
+class TimedResumeFile(ResumeFile):
+    """A ResumeFile that also keeps the seconds spent on the job, so that a resumed command
+    reports its whole time: `load` returns this job's saved dict (or {}) and notes the seconds
+    saved in it (`before`); `save` writes a dict with the key and the seconds so far."""
+
+    def __init__(self, path: str, key: str, every: float, label: str = "",
+                 begin: Optional[float] = None):
+        super().__init__(path, every, label)
+        self.key = key
+        self.begin = time.perf_counter() if begin is None else begin  # perf_counter() at the start
+        self.before = 0.0
+
+    def load(self) -> dict:
+        state = self.read(self.key) or {}
+        self.before = float(state.get("seconds", 0.0))
+        return state
+
+    def seconds(self) -> float:
+        """The job's seconds: this process's since `begin`, and the killed processes' saved."""
+        return self.before + time.perf_counter() - self.begin
+
+    def save(self, state: dict, final: bool = False) -> None:
+        """Write `state` (with the key and the seconds) when a save is due, or when final."""
+        if self.due(final):
+            self.write(dict(state, key=self.key, seconds=self.seconds()))

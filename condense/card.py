@@ -147,9 +147,13 @@ class _LayerCache:
         return self.model.get_output_embeddings()(h).float()
 
 
-def head_ablation_drops(model, rows, means, batch_size=64, resume=True):
+def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=None, on_update=None):
     """Per-row LD of `rows` with each head alone mean-ablated: returns the clean per-row
     LD [N] and the ablated one [layers, heads, N].
+
+    `memo` (a dict) keeps what is done: "base", "ablated" and, per batch of rows, how many of
+    its layers are ("layers_done"); what it holds is not measured again, and `on_update` is
+    called after each layer of each batch (so that a caller can save it).
 
     With `resume`, each ablated forward runs only from the ablated layer on, from the
     cached input of that layer (exact: the blocks below do not see the ablation); this is
@@ -163,13 +167,19 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True):
     def ld(logits, idx):
         return logits.gather(1, answer[idx, None])[:, 0] - logits.gather(1, distractor[idx, None])[:, 0]
 
-    base = ld(last_logits(model, seqs), torch.arange(len(seqs)))
+    memo = {} if memo is None else memo
+    if memo.get("base") is None:
+        memo["base"] = ld(last_logits(model, seqs), torch.arange(len(seqs)))
+    base = memo["base"]
     if resume and _final_norm(model) is None:
         resume = False
     device = next(model.parameters()).device
-    ablated = torch.zeros(L, H, len(seqs))
+    ablated = memo.setdefault("ablated", torch.zeros(L, H, len(seqs)))
+    layers_done = memo.setdefault("layers_done", {})
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     for start in range(0, len(order), batch_size):
+        if layers_done.get(start, 0) == L:
+            continue
         batch = order[start:start + batch_size]
         idx = torch.tensor(batch)
         ids, mask, lengths = pad_batch([seqs[i] for i in batch])
@@ -186,7 +196,7 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True):
                 _log("resumed forwards do not match full ones for this model: "
                      "running full forwards")
                 resume = False
-        for layer in range(L):
+        for layer in range(layers_done.get(start, 0), L):
             for h in range(H):
                 with head_means_ablated(model, means, [(layer, h)]):
                     if resume:
@@ -194,6 +204,9 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True):
                     else:
                         logits = last_logits(model, [seqs[i] for i in batch], batch_size=len(batch))
                 ablated[layer, h, idx] = ld(logits, idx)
+            layers_done[start] = layer + 1
+            if on_update:
+                on_update()
     return base, ablated
 
 
@@ -221,13 +234,14 @@ def plot_head_drops(drop, base, path, title=None):
     plt.close(fig)
 
 
-def ioi_head_ablation(model, rows, path, means=None, title=None):
+def ioi_head_ablation(model, rows, path, means=None, title=None, memo=None, on_update=None):
     """LD drop on IOI `rows` when each head alone is mean-ablated (means over all positions
     of `rows` unless given); draws the heat map to `path` (`title` may name {base}, the
-    clean LD, and {rows}). Returns (clean LD, drop [L, H])."""
+    clean LD, and {rows}). Returns (clean LD, drop [L, H]). `memo`, `on_update`: as
+    head_ablation_drops takes them."""
     if means is None:
         means = head_means(model, rows["clean_ids"])
-    base_rows, ablated = head_ablation_drops(model, rows, means)
+    base_rows, ablated = head_ablation_drops(model, rows, means, memo=memo, on_update=on_update)
     base = base_rows.mean().item()
     drop = base - ablated.mean(-1)
     plot_head_drops(drop, base, path, title and title.format(base=base, rows=len(rows)))
@@ -235,12 +249,22 @@ def ioi_head_ablation(model, rows, path, means=None, title=None):
 
 
 # ---------------------------------------------------------------- the card
-def measure(model, tokenizer, out_dir, n=500, seed=0, ablation_rows=None, title=None):
+def measure(model, tokenizer, out_dir, n=500, seed=0, ablation_rows=None, title=None,
+            memo=None, on_update=None):
     """The card's numbers (a dict); draws `ioi_head_ablation.png` into `out_dir`. Head
     means come from all `n` IOI test prompts, the ablation from the first `ablation_rows`
-    of them (all when None)."""
+    of them (all when None). `memo` keeps what is measured ("tasks", "ppl", "means",
+    "ablation"): what it holds is taken from it, and `on_update` is called after each part
+    is added (so that a caller can save it and a rerun go on)."""
+    memo = {} if memo is None else memo
+    done = memo.setdefault("tasks", {})
     card = dict(parameters=sum(p.numel() for p in model.parameters()), tasks={})
+    if done:
+        _log(f"going on: {', '.join(done)} measured before")
     for name in tasks.TASKS:
+        if name in done:
+            card["tasks"][name] = done[name]
+            continue
         t0 = time.time()
         rows = tasks.load_task(name, tokenizer, "test", n=n, seed=seed)
         s = task_scores(model, rows)
@@ -253,19 +277,27 @@ def measure(model, tokenizer, out_dir, n=500, seed=0, ablation_rows=None, title=
             entry["heldout_templates_rows"] = len(held)
         entry["passes"] = bool(entry["accuracy_clean"] >= ACCURACY_BAR[name]
                                and entry["logit_diff_corrupted"] <= 0.5 * entry["logit_diff_clean"])
-        card["tasks"][name] = entry
+        card["tasks"][name] = done[name] = entry
         _log(f"{name}: accuracy {entry['accuracy_clean']:.3f} ({time.time() - t0:.0f}s)")
+        if on_update:
+            on_update()
     t0 = time.time()
-    card["ppl_test"] = round(perplexity(model, tasks.general_text(tokenizer, "test")["input_ids"]), 2)
-    card["ppl_val"] = round(perplexity(model, tasks.general_text(tokenizer, "val")["input_ids"]), 2)
-    _log(f"perplexity test {card['ppl_test']} val {card['ppl_val']} ({time.time() - t0:.0f}s)")
+    if memo.get("ppl") is None:
+        memo["ppl"] = [round(perplexity(model, tasks.general_text(tokenizer, part)["input_ids"]), 2)
+                       for part in ("test", "val")]
+        _log(f"perplexity test {memo['ppl'][0]} val {memo['ppl'][1]} ({time.time() - t0:.0f}s)")
+        if on_update:
+            on_update()
+    card["ppl_test"], card["ppl_val"] = memo["ppl"]
     t0 = time.time()
     ioi = tasks.load_task("ioi", tokenizer, "test", n=n, seed=seed)
-    means = head_means(model, ioi["clean_ids"])
+    if memo.get("means") is None:
+        memo["means"] = head_means(model, ioi["clean_ids"])
     if ablation_rows is not None and ablation_rows < len(ioi):
         ioi = ioi.select(range(ablation_rows))
     base, drop = ioi_head_ablation(model, ioi, os.path.join(out_dir, "ioi_head_ablation.png"),
-                                   means=means, title=title)
+                                   means=memo["means"], title=title,
+                                   memo=memo.setdefault("ablation", {}), on_update=on_update)
     card["ioi_head_ablation"] = dict(clean_logit_diff=round(base, 4),
                                     drop=[[round(v, 3) for v in r] for r in drop.tolist()])
     _log(f"head ablation on {len(ioi)} rows ({time.time() - t0:.0f}s)")
@@ -343,20 +375,46 @@ def default_out(model_name):
     raise ValueError(f"--out is required for {model_name!r} (not a local model folder)")
 
 
+STATE_FILE = "card_state.pt"  # what is measured so far, in the card folder until card.json is written
+SAVE_EVERY = 10.0  # seconds between saves: a save writes the ablation's [layers, heads, rows] so far
+
+
+def resume_file(out: str, model_name: str, model, begin=None, **settings):
+    """(the card's resume file in `out`, what it holds of this very card or {}, the callback
+    that saves it): a rerun of the same card command goes on from the last save. The key names
+    the model (its files' sizes and times when it is a path), its dtype and `settings`; `begin`
+    is the perf_counter() at which the command started."""
+    from .artifacts import TimedResumeFile
+    files = ([os.path.join(model_name, f) for f in sorted(os.listdir(model_name))]
+             if os.path.isdir(model_name) else [model_name])
+    stamps = [(os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns)
+              for f in files if os.path.isfile(f)]
+    key = repr((model_name, stamps, str(next(model.parameters()).dtype), sorted(settings.items())))
+    state = TimedResumeFile(os.path.join(out, STATE_FILE), key, every=SAVE_EVERY, label="card: ",
+                            begin=begin)
+    memo = state.load().get("memo") or {}
+
+    def save():
+        state.save(dict(memo=memo))
+    return state, memo, save
+
+
 def write_card(model_name, n=500, seed=0, out=None, ablation_rows=None, threads=None):
     """Measure `model_name` and write README.md, card.json and ioi_head_ablation.png into
-    `out`. Returns the card (a dict)."""
-    t0 = time.time()
+    `out`. Returns the card (a dict). An interrupted card goes on where it stopped."""
+    t0, begin = time.time(), time.perf_counter()
     out = out or default_out(model_name)
     os.makedirs(out, exist_ok=True)
     model, tokenizer = load_model(model_name), load_tokenizer(model_name)
     apply_thread_policy(threads, model)
     cfg = model.config
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    state, memo, save = resume_file(out, model_name, model, begin, n=n, seed=seed,
+                                    ablation_rows=ablation_rows)
     card = dict(measure(model, tokenizer, out, n=n, seed=seed, ablation_rows=ablation_rows,
                         title=f"{os.path.basename(os.path.normpath(model_name))}: IOI "
                               "logit-difference drop, one head mean-ablated\n"
-                              "(clean LD {base:.2f} on {rows} prompts)"),
+                              "(clean LD {base:.2f} on {rows} prompts)", memo=memo, on_update=save),
                 rows=n)
     card["ablation_rows"] = min(n, ablation_rows) if ablation_rows else n
     named = NAMED_MODELS.get(model_name)
@@ -366,7 +424,8 @@ def write_card(model_name, n=500, seed=0, out=None, ablation_rows=None, threads=
     card["greater_than_form"] = W.gt_form(tokenizer)
     card["command"] = command_line(model_name, n, out, ablation_rows, seed, threads)
     card["threads"] = torch.get_num_threads()
-    card["seconds"] = round(time.time() - t0, 1)
+    card["seconds"] = round(state.seconds(), 1)
+    card["resumed_seconds"] = round(state.before, 1)
     return save_card(out, card, render(card), t0)
 
 
@@ -374,6 +433,8 @@ def save_card(out, card, text, t0):
     """card.json and README.md (`text`) into `out`; prints the card and its time."""
     write_json(os.path.join(out, "card.json"), card)
     atomic_write(os.path.join(out, "README.md"), text)
+    if os.path.exists(os.path.join(out, STATE_FILE)):
+        os.remove(os.path.join(out, STATE_FILE))  # card.json holds it all now
     print(text)
     print(f"(card measured in {time.time() - t0:.0f}s)")
     return card

@@ -106,7 +106,7 @@ def entry():
         result = main()
     except KeyboardInterrupt:
         print("\ninterrupted; rerun the same command: condensation, Edge Pruning, HAP, S3martCirc, "
-              "edge scoring, verify and explain go on where they stopped; other commands start over",
+              "edge scoring, verify, explain and card go on where they stopped; organism starts over",
               file=sys.stderr)
         sys.exit(130)
     except user_errors() as e:

@@ -118,3 +118,35 @@ def test_resumed_ablation_is_exact_on_llama():
     assert torch.equal(base_r, base_f)
     assert (fast - slow).abs().max() < 1e-5
     assert (fast - base_r).abs().max() > 0.1  # the ablations do something
+
+
+def test_an_interrupted_card_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """Killed half way through its head ablation, the rerun measures no task again and ablates
+    only the layers left, and writes the card an uninterrupted run writes."""
+    args = ["--n", "40", "--ablation-rows", "16", "--threads", "1"]
+    C.main([ORGANISM, "--out", str(tmp_path / "whole")] + args)
+    monkeypatch.setattr(C, "SAVE_EVERY", 0.0)  # the organism's card takes seconds: save at each step
+    out = tmp_path / "card"
+    real = C.head_means_ablated
+    layers = []
+
+    def ablated(model, means, heads):
+        layers.append(heads[0][0])
+        if heads == [(2, 0)] and stop:
+            raise KeyboardInterrupt
+        return real(model, means, heads)
+    monkeypatch.setattr(C, "head_means_ablated", ablated)
+    stop = True
+    with pytest.raises(KeyboardInterrupt):
+        C.main([ORGANISM, "--out", str(out)] + args)
+    assert (out / C.STATE_FILE).exists() and not (out / "card.json").exists()
+    stop, layers[:] = False, []
+    monkeypatch.setattr(C, "task_scores", lambda *a, **k: pytest.fail("a task measured again"))
+    monkeypatch.setattr(C, "perplexity", lambda *a, **k: pytest.fail("perplexity measured again"))
+    C.main([ORGANISM, "--out", str(out)] + args)
+    assert sorted(set(layers)) == [2, 3]   # the check of resumed forwards uses the last layer
+    assert not (out / C.STATE_FILE).exists()
+    got, want = (json.load(open(d / "card.json")) for d in (out, tmp_path / "whole"))
+    for key in ("tasks", "ppl_test", "ppl_val", "ioi_head_ablation", "parameters"):
+        assert got[key] == want[key], key
+    assert got["resumed_seconds"] > 0 and want["resumed_seconds"] == 0

@@ -42,6 +42,11 @@ from condense.explain.weightlens import LensConfig, WeightLens, parse_node
 DEFAULT_NEUTRAL = "The next word is"
 
 
+def say(msg: str) -> None:
+    """Progress lines, flushed: explain runs for minutes on a real model, often into a log file."""
+    print(msg, flush=True)
+
+
 # ---------------------------------------------------------------- the circuit
 
 def circuit_nodes(graph):
@@ -111,7 +116,7 @@ def weight_neuron_scores(lens, layer):
 def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vocab_size=None,
                     task_rows=None, pool=None, nodes=None, max_nodes=None, n_neurons=8,
                     neuron_ranking="attribution", intervention="patching", lens_config=None,
-                    lens_circuit_config=None, describe=None, progress=print,
+                    lens_circuit_config=None, describe=None, progress=say,
                     memo: Optional[dict] = None, on_update: Optional[Callable[[], None]] = None):
     """Explanations of the circuit's nodes (`nodes`: names to explain, default all circuit
     nodes). `task_rows`: task rows (clean/corrupted/answer/distractor) for neuron
@@ -332,22 +337,16 @@ class NodeMemo:
     Nodes are kept as JSON text, as explain.json will hold them."""
 
     def __init__(self, path: str, key: str, begin: Optional[float] = None):
-        from condense.artifacts import ResumeFile
-        self.file, self.key = ResumeFile(path, every=0.0, label="explain: "), key
-        self.begin = time.perf_counter() if begin is None else begin  # perf_counter() at the start
-        state = self.file.read(key) or {}
-        self.before = float(state.get("seconds", 0.0))
+        from condense.artifacts import TimedResumeFile
+        self.file = TimedResumeFile(path, key, every=0.0, label="explain: ", begin=begin)
+        state = self.file.load()
         self.memo = {"nodes": json.loads(state.get("nodes", "{}"))}
         if state.get("attribution") is not None:
             self.memo["attribution"] = state["attribution"]
 
-    def seconds(self) -> float:
-        """This command's seconds, the killed processes' included."""
-        return self.before + time.perf_counter() - self.begin
-
     def save(self) -> None:
-        self.file.write(dict(key=self.key, seconds=self.seconds(), attribution=self.memo.get("attribution"),
-                             nodes=json.dumps(self.memo["nodes"])))
+        self.file.save(dict(attribution=self.memo.get("attribution"),
+                            nodes=json.dumps(self.memo["nodes"])))
 
 
 def _describer(spec):
@@ -363,7 +362,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                 n_neurons=8, neuron_ranking="attribution", split="test", n_task=64, n_general=32,
                 block_size=64,
                 neutral_text=DEFAULT_NEUTRAL, task=None, model=None, device=None, dtype=None,
-                describe=None, seed=0, circuitlens=True, progress=print, threads=None):
+                describe=None, seed=0, circuitlens=True, progress=say, threads=None):
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     from condense.evaluate import rows_digest
@@ -427,7 +426,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                               block_size=block_size, neutral_text=neutral_text,
                               neutral_ids=neutral, prefix_ids=prefix, seed=seed,
                               lens=vars(lcfg), circuitlens=vars(ccfg) if circuitlens else None),
-                  summary=summary, nodes=nodes, seconds=done.seconds(), resumed_seconds=done.before)
+                  summary=summary, nodes=nodes, seconds=done.file.seconds(), resumed_seconds=done.file.before)
     write_json(os.path.join(out, "explain.json"), report)
     atomic_write(os.path.join(out, "explain.md"), markdown(report))
     done.file.remove()  # explain.json holds every node now
