@@ -1,5 +1,5 @@
 """A command killed part way, as a batch scheduler ends a job at its time limit: the helper of
-the resume benchmarks (verify_resume.py, scoring_resume.py, explain_resume.py)."""
+the resume benchmarks (verify_resume.py, scoring_resume.py, command_resume.py)."""
 import os
 import signal
 import subprocess
