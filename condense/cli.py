@@ -105,9 +105,7 @@ def entry():
     try:
         result = main()
     except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command: condensation, Edge Pruning, HAP, S3martCirc, "
-              "edge scoring, verify, explain and card go on where they stopped; organism starts over",
-              file=sys.stderr)
+        print("\ninterrupted; rerun the same command: it goes on where it stopped", file=sys.stderr)
         sys.exit(130)
     except user_errors() as e:
         sys.exit(f"error: {e}")

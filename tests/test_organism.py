@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from condense import tasks
@@ -42,3 +43,39 @@ def test_training_script_smoke(tmp_path):
     assert model.config.n_layer == 1
     log = json.load(open(out / "training.json"))["log"]
     assert log[-1]["step"] == 3 and set(log[-1]["val_accuracy"]) == set(tasks.TASKS)
+
+
+def test_an_interrupted_training_goes_on_to_the_same_model(tmp_path, monkeypatch, capsys):
+    """Killed at its fourth step, the rerun goes on from the third and ends with the weights
+    and validation log of an uninterrupted training, bit for bit."""
+    from condense.organism import train as T
+    recipe = ["--recipe", "recipes/organism.yaml", "--no-card", "eval_every=2", "eval_rows=8",
+              "n_layer=1", "n_embd=32", "n_head=2", "threads=1",
+              "phases=[{steps: 3, rows: {induction: 4}, general_rows: 1}, "
+              "{steps: 2, rows: {ioi: 2, induction: 2}, general_rows: 1}]"]
+    T.main(recipe + [f"output_dir={tmp_path / 'whole'}"])
+    monkeypatch.setattr(T, "SAVE_EVERY", 0.0)
+    real, calls = T.task_loss, []
+
+    def killed(model, batch):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(model, batch)
+    monkeypatch.setattr(T, "task_loss", killed)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        T.main(recipe + [f"output_dir={out}"])
+    assert (out / T.STATE_FILE).exists()
+    calls.clear()
+    monkeypatch.setattr(T, "task_loss", lambda model, batch: calls.append(1) or real(model, batch))
+    T.main(recipe + [f"output_dir={out}"])
+    assert len(calls) == 4   # phase 2's two steps, two tasks each: phase 1 is not trained again
+    assert "going on from step 3" in capsys.readouterr().out
+    assert not (out / "state").exists()
+    whole, resumed = (AutoModelForCausalLM.from_pretrained(d) for d in (tmp_path / "whole", out))
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    logs = [json.load(open(d / "training.json"))["log"] for d in (tmp_path / "whole", out)]
+    assert [{k: v for k, v in e.items() if k != "time"} for e in logs[1]] == \
+        [{k: v for k, v in e.items() if k != "time"} for e in logs[0]]
