@@ -377,6 +377,7 @@ def default_out(model_name):
 
 STATE_FILE = "card_state.pt"  # what is measured so far, in the card folder until card.json is written
 SAVE_EVERY = 10.0  # seconds between saves: a save writes the ablation's [layers, heads, rows] so far
+MODEL_FILES = ("config.json", ".safetensors", ".bin", ".gguf", "tokenizer.json")  # what names a model
 
 
 def resume_file(out: str, model_name: str, model, begin=None, **settings):
@@ -385,7 +386,8 @@ def resume_file(out: str, model_name: str, model, begin=None, **settings):
     the model (its files' sizes and times when it is a path), its dtype and `settings`; `begin`
     is the perf_counter() at which the command started."""
     from .artifacts import TimedResumeFile
-    files = ([os.path.join(model_name, f) for f in sorted(os.listdir(model_name))]
+    files = ([os.path.join(model_name, f) for f in sorted(os.listdir(model_name))
+              if f.endswith(MODEL_FILES)]  # not the card's own files: a card may go into the folder
              if os.path.isdir(model_name) else [model_name])
     stamps = [(os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns)
               for f in files if os.path.isfile(f)]

@@ -126,7 +126,10 @@ def test_an_interrupted_card_goes_on_where_it_stopped(tmp_path, monkeypatch):
     args = ["--n", "40", "--ablation-rows", "16", "--threads", "1"]
     C.main([ORGANISM, "--out", str(tmp_path / "whole")] + args)
     monkeypatch.setattr(C, "SAVE_EVERY", 0.0)  # the organism's card takes seconds: save at each step
-    out = tmp_path / "card"
+    out = tmp_path / "card"   # a model folder, the card's default place: its files change meanwhile
+    shutil.copytree(ORGANISM, out)
+    for f in ("README.md", "card.json", "ioi_head_ablation.png"):
+        os.remove(out / f)
     real = C.head_means_ablated
     layers = []
 
@@ -138,12 +141,12 @@ def test_an_interrupted_card_goes_on_where_it_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "head_means_ablated", ablated)
     stop = True
     with pytest.raises(KeyboardInterrupt):
-        C.main([ORGANISM, "--out", str(out)] + args)
+        C.main([str(out)] + args)
     assert (out / C.STATE_FILE).exists() and not (out / "card.json").exists()
     stop, layers[:] = False, []
     monkeypatch.setattr(C, "task_scores", lambda *a, **k: pytest.fail("a task measured again"))
     monkeypatch.setattr(C, "perplexity", lambda *a, **k: pytest.fail("perplexity measured again"))
-    C.main([ORGANISM, "--out", str(out)] + args)
+    C.main([str(out)] + args)
     assert sorted(set(layers)) == [2, 3]   # the check of resumed forwards uses the last layer
     assert not (out / C.STATE_FILE).exists()
     got, want = (json.load(open(d / "card.json")) for d in (out, tmp_path / "whole"))
