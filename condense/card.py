@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from tqdm.auto import tqdm
 
 from . import tasks
 from .artifacts import atomic_write, write_json
@@ -177,7 +178,10 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=Non
     ablated = memo.setdefault("ablated", torch.zeros(L, H, len(seqs)))
     layers_done = memo.setdefault("layers_done", {})
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    for start in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    bar = tqdm(total=L * len(starts), initial=sum(layers_done.get(s, 0) for s in starts),
+               desc="head ablation", unit="layer")
+    for start in starts:
         if layers_done.get(start, 0) == L:
             continue
         batch = order[start:start + batch_size]
@@ -205,8 +209,10 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=Non
                         logits = last_logits(model, [seqs[i] for i in batch], batch_size=len(batch))
                 ablated[layer, h, idx] = ld(logits, idx)
             layers_done[start] = layer + 1
+            bar.update(1)
             if on_update:
                 on_update()
+    bar.close()
     return base, ablated
 
 
