@@ -451,7 +451,8 @@ def save_card(out, card, text, t0):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="condense card",
                                  description="Measure a causal LM on condense's tasks and write its "
-                                             "model card.")
+                                             "model card. Interrupted, the same command goes on "
+                                             "from what it has measured.")
     ap.add_argument("model", help="a local folder, a named model (e.g. smollm2-135m) or a .gguf")
     ap.add_argument("--n", type=int, default=500, help="test prompts per task")
     ap.add_argument("--seed", type=int, default=0, help="seed of the task rows")

@@ -440,7 +440,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="condense explain",
         description="Explain the nodes of a run's circuit (WeightLens + CircuitLens); writes "
-                    "explain.json and explain.md into the run folder.")
+                    "explain.json and explain.md into the run folder. Interrupted, the same "
+                    "command goes on from the nodes already explained.")
     ap.add_argument("run_dir", help="run folder with circuit.json (and recipe.yaml, an adapter)")
     ap.add_argument("--out", default=None, help="write here instead of the run folder")
     ap.add_argument("--z", type=float, default=4.0, help="vocabulary z-score of weight candidates")

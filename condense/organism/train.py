@@ -5,7 +5,8 @@
 One script, nanoGPT style: build a byte-level BPE tokenizer in which every task word is
 one token, then train from scratch on the task train splits plus general text, one example
 per row (packing examples together stopped in-context copying from forming), and write a
-Hugging Face checkpoint with its model card (`condense.organism.card`).
+Hugging Face checkpoint with its model card (`condense.organism.card`). Interrupted, the
+same command goes on from its last save (`state/organism.pt`, at most a minute old).
 """
 import argparse
 import dataclasses
@@ -256,7 +257,7 @@ def train(cfg):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="condense organism", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="condense organism", description=__doc__.split("\n\n")[0] + " Interrupted, the same command goes on where it stopped.")
     ap.add_argument("--recipe", default="recipes/organism.yaml", help="the organism's training recipe")
     ap.add_argument("--no-card", action="store_true", help="skip the model card evaluation")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides")
