@@ -79,3 +79,27 @@ def test_an_interrupted_training_goes_on_to_the_same_model(tmp_path, monkeypatch
     logs = [json.load(open(d / "training.json"))["log"] for d in (tmp_path / "whole", out)]
     assert [{k: v for k, v in e.items() if k != "time"} for e in logs[1]] == \
         [{k: v for k, v in e.items() if k != "time"} for e in logs[0]]
+
+
+def test_a_card_interrupted_after_training_does_not_train_again(tmp_path, monkeypatch, capsys):
+    """The training's last save stays until the card is written: killed in the card, the rerun
+    trains no step and writes the card."""
+    from condense.organism import card as organism_card
+    from condense.organism import train as T
+    recipe = ["--recipe", "recipes/organism.yaml", "eval_every=2", "eval_rows=8", "card_rows=8",
+              "n_layer=1", "n_embd=32", "n_head=2", "threads=1", f"output_dir={tmp_path / 'org'}",
+              "phases=[{steps: 2, rows: {induction: 2}, general_rows: 1}]"]
+    real_card = organism_card.write_card
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(organism_card, "write_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        T.main(recipe)
+    assert (tmp_path / "org" / T.STATE_FILE).exists()
+    monkeypatch.setattr(organism_card, "write_card", real_card)
+    monkeypatch.setattr(T, "task_loss", lambda *a, **k: pytest.fail("trained again"))
+    capsys.readouterr()
+    T.main(recipe)
+    assert "going on from step 2" in capsys.readouterr().out
+    assert (tmp_path / "org" / "card.json").exists() and not (tmp_path / "org" / "state").exists()

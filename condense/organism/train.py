@@ -156,7 +156,7 @@ def validate(model, val_sets):
     return out
 
 
-STATE_FILE = os.path.join("state", "organism.pt")  # in output_dir until the model is written
+STATE_FILE = os.path.join("state", "organism.pt")  # in output_dir until the model and card are written
 SAVE_EVERY = 60.0  # seconds between saves of the training (weights, AdamW, draws, log)
 
 
@@ -272,15 +272,17 @@ def main(argv=None):
         json.dump(dict(recipe=dataclasses.asdict(cfg), **info), f, indent=1)
     with open(os.path.join(cfg.output_dir, "recipe.yaml"), "w") as f:
         f.write(to_yaml(cfg))
-    state = os.path.join(cfg.output_dir, STATE_FILE)
-    if os.path.exists(state):  # the model is written: nothing is left to go on from
-        os.remove(state)
-        if not os.listdir(os.path.dirname(state)):
-            os.rmdir(os.path.dirname(state))
     print(f"saved {cfg.output_dir} after {info['train_seconds']:.0f}s", flush=True)
     if not args.no_card:
         from .card import write_card
         write_card(cfg.output_dir, n=cfg.card_rows, seed=cfg.seed)
+    # Only now is nothing left to go on from: a card interrupted before this point reruns
+    # from the finished training's last save, with no step left to train.
+    state = os.path.join(cfg.output_dir, STATE_FILE)
+    if os.path.exists(state):
+        os.remove(state)
+        if not os.listdir(os.path.dirname(state)):
+            os.rmdir(os.path.dirname(state))
 
 
 if __name__ == "__main__":
