@@ -156,7 +156,7 @@ def validate(model, val_sets):
     return out
 
 
-STATE_FILE = os.path.join("state", "organism.pt")  # in output_dir until the model and card are written
+STATE_FILE = os.path.join("state", "organism.pt")  # in output_dir until model and card are written
 SAVE_EVERY = 60.0  # seconds between saves of the training (weights, AdamW, draws, log)
 
 
@@ -257,7 +257,9 @@ def train(cfg):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="condense organism", description=__doc__.split("\n\n")[0] + " Interrupted, the same command goes on where it stopped.")
+    ap = argparse.ArgumentParser(prog="condense organism",
+                                 description=__doc__.split("\n\n")[0] + " Interrupted, the same "
+                                             "command goes on where it stopped.")
     ap.add_argument("--recipe", default="recipes/organism.yaml", help="the organism's training recipe")
     ap.add_argument("--no-card", action="store_true", help="skip the model card evaluation")
     ap.add_argument("overrides", nargs="*", help="key=value recipe overrides")
