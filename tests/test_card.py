@@ -153,3 +153,24 @@ def test_an_interrupted_card_goes_on_where_it_stopped(tmp_path, monkeypatch):
     for key in ("tasks", "ppl_test", "ppl_val", "ioi_head_ablation", "parameters"):
         assert got[key] == want[key], key
     assert got["resumed_seconds"] > 0 and want["resumed_seconds"] == 0
+
+
+def test_the_organisms_card_goes_on_too(tmp_path, monkeypatch):
+    """The organism's own card keeps what it measures the same way: killed in its head
+    ablation, the rerun measures no task again."""
+    out = tmp_path / "report"
+    monkeypatch.setattr(C, "SAVE_EVERY", 0.0)
+    real = C.head_means_ablated
+
+    def killed(model, means, heads):
+        if heads == [(2, 0)]:
+            raise KeyboardInterrupt
+        return real(model, means, heads)
+    monkeypatch.setattr(C, "head_means_ablated", killed)
+    with pytest.raises(KeyboardInterrupt):
+        organism_card.write_card(ORGANISM, n=20, out=str(out))
+    assert (out / C.STATE_FILE).exists()
+    monkeypatch.setattr(C, "head_means_ablated", real)
+    monkeypatch.setattr(C, "task_scores", lambda *a, **k: pytest.fail("a task measured again"))
+    card = organism_card.write_card(ORGANISM, n=20, out=str(out))
+    assert len(card["ioi_head_ablation"]["drop"]) == 4 and not (out / C.STATE_FILE).exists()

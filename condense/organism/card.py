@@ -15,14 +15,17 @@ import os
 import time
 
 from ..card import (ACCURACY_BAR, save_card, head_means, head_means_ablated,  # noqa: F401
-                   ioi_head_ablation)
+                   ioi_head_ablation, resume_file)
 from ..card import measure as _measure
 from ..models import load_model, load_tokenizer
 
 
 def measure(path, out_dir, n=500, seed=0):
-    """The organism card's numbers (every IOI test row in the head ablation)."""
-    return _measure(load_model(path), load_tokenizer(path), out_dir, n=n, seed=seed)
+    """The organism card's numbers (every IOI test row in the head ablation). Saved as they
+    are measured into the card folder, so that an interrupted card goes on (condense.card)."""
+    model = load_model(path)
+    _, memo, save = resume_file(out_dir, path, model, n=n, seed=seed, card="organism")
+    return _measure(model, load_tokenizer(path), out_dir, n=n, seed=seed, memo=memo, on_update=save)
 
 
 def render(card, info):
