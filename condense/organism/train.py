@@ -25,6 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from .. import tasks
 from ..config import RecipeError, from_dict, load_recipe, to_yaml
 from ..metrics import pad_batch, task_scores
+from ..optimize import FitState
 from ..tasks import words as W
 
 # GPT-2's split rule with two changes: a capital followed by a capital stands alone (an
@@ -160,43 +161,18 @@ STATE_FILE = os.path.join("state", "organism.pt")  # in output_dir until model a
 SAVE_EVERY = 60.0  # seconds between saves of the training (weights, AdamW, draws, log)
 
 
-class TrainingState:
-    """Where `train` keeps what it needs to go on after an interruption: the weights, AdamW's
-    moments, the step reached, how many samples each task stream has given, the random
-    generators and the log. The task streams are endless and seeded, so a rerun draws and drops
-    as many samples again; with the generators restored it takes the steps an uninterrupted
-    run takes. Named by the recipe (all but the output folder, threads and card rows)."""
-
-    def __init__(self, cfg, every: float = None):
-        from ..artifacts import TimedResumeFile
-        recipe = {k: v for k, v in dataclasses.asdict(cfg).items()
-                  if k not in ("output_dir", "threads", "card_rows")}
-        self.file = TimedResumeFile(os.path.join(cfg.output_dir, STATE_FILE), repr(sorted(recipe.items())),
-                                    SAVE_EVERY if every is None else every, "organism: ")
-        self.saved = self.file.load()
-
-    def restore(self, model, opt, rng, streams) -> tuple[int, int, int, dict, list]:
-        """(phase, step within it, steps done, samples drawn per task, log) to go on from;
-        the start on a fresh run. Puts the saved weights, moments and generators in place."""
-        if not self.saved:
-            return 0, 0, 0, {name: 0 for name in streams}, []
-        s = self.saved
-        model.load_state_dict(s["model"])
-        opt.load_state_dict(s["optimizer"])
-        version, internal, gauss = s["rng"]
-        rng.setstate((version, tuple(internal), gauss))
-        torch.set_rng_state(s["torch_rng"])
-        for name, n in s["drawn"].items():
-            for _ in range(n):
-                next(streams[name])
-        print(f"organism: going on from step {s['step']} ({self.file.path})", flush=True)
-        return s["phase"], s["index"], s["step"], dict(s["drawn"]), list(s["log"])
-
-    def save(self, model, opt, rng, phase, index, step, drawn, log, final=False):
-        version, internal, gauss = rng.getstate()
-        self.file.save(dict(model=model.state_dict(), optimizer=opt.state_dict(),
-                            rng=[version, list(internal), gauss], torch_rng=torch.get_rng_state(),
-                            phase=phase, index=index, step=step, drawn=drawn, log=log), final)
+def _training_state(cfg, drawn: dict, log: list, python_rng: list):
+    """The shared loop's FitState for the organism's own loop: weights, AdamW's moments, the
+    step reached and torch's generator, plus, in place as its logs, how many samples each task
+    stream has given, the validation log and the state of the Python generator that draws the
+    general-text batches. The task streams are endless and seeded, so a rerun draws and drops as
+    many samples again and takes the steps an uninterrupted run takes. Named by the recipe (all
+    but the output folder, threads and card rows)."""
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k not in ("output_dir", "threads", "card_rows")}
+    return FitState(os.path.join(cfg.output_dir, STATE_FILE), every=SAVE_EVERY,
+                    logs=dict(drawn=drawn, log=log, python_rng=python_rng),
+                    what=f"organism {sorted(recipe.items())!r}")
 
 
 def train(cfg):
@@ -205,7 +181,6 @@ def train(cfg):
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     t0 = time.time()
-    state = TrainingState(cfg)
     tokenizer = build_tokenizer(cfg)
     print(f"tokenizer: {len(tokenizer)} tokens in {time.time() - t0:.0f}s", flush=True)
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.n_positions,
@@ -220,12 +195,21 @@ def train(cfg):
     general_ids = sum(tasks.general_text(tokenizer, "train", cfg.n_positions)["input_ids"], [])
     val_sets = {name: tasks.load_task(name, tokenizer, "val", n=cfg.eval_rows, seed=cfg.seed)
                 for name in tasks.TASKS}
-    start_phase, start_index, step, drawn, log = state.restore(model, opt, rng, streams)
+    drawn, log, python_rng = {name: 0 for name in tasks.TASKS}, [], []
+    state = _training_state(cfg, drawn, log, python_rng)
+    params, total = list(model.parameters()), sum(ph.steps for ph in phases)
+    step, _ = state.load(params, opt, total)
+    if step:
+        version, internal, gauss = python_rng
+        rng.setstate((version, tuple(internal), gauss))
+        for name, n in drawn.items():
+            for _ in range(n):
+                next(streams[name])
+        print(f"organism: going on from step {step} ({state.path})", flush=True)
     model.train()
+    offset = 0  # steps of the phases before this one
     for p, ph in enumerate(phases):
-        if p < start_phase:
-            continue
-        for i in range(start_index if p == start_phase else 0, ph.steps):
+        for i in range(max(0, step - offset), ph.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(i, ph)
             losses = {}
@@ -245,15 +229,17 @@ def train(cfg):
             opt.zero_grad(set_to_none=True)
             step += 1
             if step % cfg.eval_every == 0 or i + 1 == ph.steps:
-                entry = dict(step=step, phase=p, time=round(time.time() - t0 + state.file.before, 1),
+                entry = dict(step=step, phase=p, time=round(time.time() - t0 + state.earlier_seconds, 1),
                              loss={k: round(v, 3) for k, v in losses.items()},
                              val_accuracy=validate(model, val_sets))
                 log.append(entry)
                 print(json.dumps(entry), flush=True)
-            last = p == len(phases) - 1 and i + 1 == ph.steps
-            state.save(model, opt, rng, p, i + 1, step, drawn, log, final=last)
+            version, internal, gauss = rng.getstate()
+            python_rng[:] = [version, list(internal), gauss]
+            state.save(step, params, opt, [], final=step == total)
+        offset += ph.steps
     model.eval()
-    return model, tokenizer, dict(train_seconds=time.time() - t0 + state.file.before, log=log)
+    return model, tokenizer, dict(train_seconds=time.time() - t0 + state.earlier_seconds, log=log)
 
 
 def main(argv=None):
