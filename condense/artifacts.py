@@ -115,27 +115,36 @@ class ResumeFile:
 
 
 class TimedResumeFile(ResumeFile):
-    """A ResumeFile that also keeps the seconds spent on the job, so that a resumed command
-    reports its whole time: `load` returns this job's saved dict (or {}) and notes the seconds
-    saved in it (`before`); `save` writes a dict with the key and the seconds so far."""
+    """A ResumeFile that also keeps the wall and CPU seconds spent on the job, so that a resumed
+    command reports its whole time: `load` returns this job's saved dict (or {}) and notes the
+    seconds saved in it (`before`, `before_cpu`); `save` writes a dict with the key and the
+    seconds so far. The key may be set after construction, before `load` (a training names
+    itself once it knows its parameters)."""
 
-    def __init__(self, path: str, key: str, every: float, label: str = "",
-                 begin: Optional[float] = None):
-        super().__init__(path, every, label)
+    def __init__(self, path: str, key: Optional[str], every: float, label: str = "",
+                 begin: Optional[float] = None, clock=time.monotonic):
+        super().__init__(path, every, label, clock=clock)
         self.key = key
         self.begin = time.perf_counter() if begin is None else begin  # perf_counter() at the start
-        self.before = 0.0
+        self.begin_cpu = time.process_time()
+        self.before = self.before_cpu = 0.0
 
     def load(self) -> dict:
         state = self.read(self.key) or {}
         self.before = float(state.get("seconds", 0.0))
+        self.before_cpu = float(state.get("cpu_seconds", 0.0))
         return state
 
     def seconds(self) -> float:
         """The job's seconds: this process's since `begin`, and the killed processes' saved."""
         return self.before + time.perf_counter() - self.begin
 
+    def cpu_seconds(self) -> float:
+        """The same in this process's CPU time (since construction) and the saved CPU time."""
+        return self.before_cpu + time.process_time() - self.begin_cpu
+
     def save(self, state: dict, final: bool = False) -> None:
         """Write `state` (with the key and the seconds) when a save is due, or when final."""
         if self.due(final):
-            self.write(dict(state, key=self.key, seconds=self.seconds()))
+            self.write(dict(state, key=self.key, seconds=self.seconds(),
+                            cpu_seconds=self.cpu_seconds()))

@@ -69,20 +69,27 @@ class FitState:
     def __init__(self, path: str, every: Optional[float] = None, generators: Optional[dict] = None,
                  logs: Optional[dict] = None, tensors: Optional[dict] = None, what: str = "",
                  clock=time.monotonic):
-        from condense.artifacts import ResumeFile
+        from condense.artifacts import TimedResumeFile
         self.path, self.what = path, what
-        self.file = ResumeFile(path, SAVE_EVERY if every is None else every, clock=clock)
+        self.file = TimedResumeFile(path, None, SAVE_EVERY if every is None else every, clock=clock)
         self.generators, self.logs, self.tensors = generators or {}, logs or {}, tensors or {}
-        self.key, self.resumed_at = None, 0
-        self.earlier_seconds = self.earlier_cpu_seconds = 0.0
+        self.resumed_at = 0
+
+    @property
+    def earlier_seconds(self) -> float:
+        return self.file.before
+
+    @property
+    def earlier_cpu_seconds(self) -> float:
+        return self.file.before_cpu
 
     def load(self, params, opt, steps: int) -> tuple[int, list[float]]:
         """(the step to start at, the losses of the steps before it); (0, []) without a file
         of this training."""
-        self.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
-        self._started = (time.perf_counter(), time.process_time())  # this process's share starts
-        state = self.file.read(self.key)
-        if state is None:
+        self.file.key = repr((self.what, steps, [tuple(p.shape) for p in params]))
+        self.file.begin, self.file.begin_cpu = time.perf_counter(), time.process_time()  # ours starts
+        state = self.file.load()
+        if not state:
             return 0, []
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
@@ -103,8 +110,6 @@ class FitState:
             for name, tensor in self.tensors.items():
                 tensor.copy_(state["tensors"][name])
         self.resumed_at = int(state["step"])
-        self.earlier_seconds = float(state.get("seconds", 0.0))
-        self.earlier_cpu_seconds = float(state.get("cpu_seconds", 0.0))
         if world()[0] == 0:
             print(f"going on from {self.path}: step {self.resumed_at} of {steps}",
                   file=sys.stderr, flush=True)
@@ -114,16 +119,14 @@ class FitState:
         """After `step` steps (the main process writes; every `every` seconds, or final)."""
         if world()[0] != 0 or not self.file.due(final):
             return
-        self.file.write(dict(
-            key=self.key, step=step, losses=list(losses),
+        self.file.save(final=True, state=dict(
+            step=step, losses=list(losses),
             params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
             generators={n: g.get_state() for n, g in self.generators.items()},
             torch_rng=torch.get_rng_state(),
             cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             logs={n: copy.deepcopy(log) for n, log in self.logs.items()},
-            tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()},
-            seconds=self.earlier_seconds + time.perf_counter() - self._started[0],
-            cpu_seconds=self.earlier_cpu_seconds + time.process_time() - self._started[1]))
+            tensors={n: x.detach().cpu().clone() for n, x in self.tensors.items()}))
 
 
 def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr: float,
