@@ -126,7 +126,7 @@ class TimedResumeFile(ResumeFile):
         super().__init__(path, every, label, clock=clock)
         self.key = key
         self.begin = time.perf_counter() if begin is None else begin  # perf_counter() at the start
-        self.begin_cpu = time.process_time()
+        self.begin_cpu = time.process_time()  # process_time() at the start
         self.before = self.before_cpu = 0.0
 
     def load(self) -> dict:
@@ -140,7 +140,7 @@ class TimedResumeFile(ResumeFile):
         return self.before + time.perf_counter() - self.begin
 
     def cpu_seconds(self) -> float:
-        """The same in this process's CPU time (since construction) and the saved CPU time."""
+        """The same in CPU time: this process's since `begin_cpu`, and the saved."""
         return self.before_cpu + time.process_time() - self.begin_cpu
 
     def save(self, state: dict, final: bool = False) -> None:

@@ -118,7 +118,7 @@ class FitState:
     def save(self, step: int, params, opt, losses, final: bool = False) -> None:
         """After `step` steps (the main process writes; every `every` seconds, or final)."""
         if world()[0] != 0 or not self.file.due(final):
-            return
+            return  # checked before the copies below are made, so the save itself is forced
         self.file.save(final=True, state=dict(
             step=step, losses=list(losses),
             params=[p.detach().cpu().clone() for p in params], optimizer=opt.state_dict(),
