@@ -50,6 +50,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -309,7 +310,9 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     means = None
     if intervention == "mean":  # as the runs do: sender means over the task's train prompts
         train = tasks.load_task(task, tokenizer, "train", n=cfg.n_train, seed=seed)
-        means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
+        # condensation's removed edges carry the original model's means (adapter off)
+        with (net.disable_adapter() if cfg.method == "condense" and adapter else nullcontext()):
+            means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
     reference_logits, reference = None, "full model"
     if cfg.method == "condense" and adapter:
         # the gate judged the circuit against the original model (adapter off): so does verify

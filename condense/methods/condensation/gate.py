@@ -29,9 +29,10 @@ class Gate:
     measured for and reused while they are unchanged, e.g. for consecutive candidates
     accepted before healing, or the check after a heal that ended on an accepting check."""
 
-    def __init__(self, model, graph, rows_val, blocks, cfg):
-        self.rows, self.blocks, self.cfg = rows_val, blocks, cfg
-        self.reference = reference_outputs(model, graph, rows_val, cfg.intervention, cfg.batch_size)
+    def __init__(self, model, graph, rows_val, blocks, cfg, means=None):
+        self.rows, self.blocks, self.cfg, self.means = rows_val, blocks, cfg, means
+        self.reference = reference_outputs(model, graph, rows_val, cfg.intervention, cfg.batch_size,
+                                           means)
         cols, n = dataset_columns(rows_val)
         ans = torch.tensor([int(a) for a in cols["answer_id"]])
         dis = torch.tensor([int(a) for a in cols["distractor_id"]])
@@ -49,11 +50,13 @@ class Gate:
                 and torch.equal(self._verdict[1], circuit.in_graph):
             return self._verdict[2]
         if self._model_part is None or not _same(self._model_part[0], adapter):
-            empty = empty_logit_diffs(model, circuit, self.rows, cfg.intervention, cfg.batch_size)
+            empty = empty_logit_diffs(model, circuit, self.rows, cfg.intervention, cfg.batch_size,
+                                      self.means)
             ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
             self._model_part = (adapter, empty, ppl)
         _, empty, ppl = self._model_part
-        m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty)
+        m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty,
+                            means=self.means)
         ratio = ppl / self.ppl_original if self.blocks else 1.0
         floor = self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
         ok_acc = m["accuracy"] >= floor
@@ -78,17 +81,19 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=None):
+def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=None, means=None):
     """evaluate() against the ORIGINAL model: KL, faithfulness and top-1 agreement use the
     original full logits; the empty circuit is the current model's (adapter included; pass
-    its per-row logit difference if it is known already)."""
+    its per-row logit difference if it is known already). `means`: what removed edges carry
+    under mean ablation (the original model's sender means, condense.means)."""
     if empty_logit_diff is None:
-        empty_logit_diff = empty_logit_diffs(model, circuit, rows, cfg.intervention, cfg.batch_size)
+        empty_logit_diff = empty_logit_diffs(model, circuit, rows, cfg.intervention, cfg.batch_size,
+                                             means)
     ref = EvalReference(original_ref.full_logits, empty_logit_diff, cfg.intervention)
-    return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref)
+    return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref, means=means)
 
 
-def template_split_metrics(model, circuit, rows, original_ref, cfg):
+def template_split_metrics(model, circuit, rows, original_ref, cfg, means=None):
     """Test accuracy (circuit and original) and the circuit's top-1 agreement with the original
     on the rows of templates seen in training and of held-out templates, where a task has both
     (IOI): the gate's val rows have no held-out template, so this is where a circuit that fits
@@ -98,7 +103,7 @@ def template_split_metrics(model, circuit, rows, original_ref, cfg):
         ref = EvalReference(original_ref.full_logits[idx], original_ref.empty_logit_diff[idx],
                             original_ref.intervention)
         m = evaluate(model, circuit, rows.select(idx), cfg.intervention, cfg.batch_size,
-                     reference=ref)
+                     reference=ref, means=means)
         out[f"accuracy_{name}_templates"] = m["accuracy"]
         out[f"accuracy_original_{name}_templates"] = m["accuracy_full"]
         out[f"top1_agreement_{name}_templates"] = m["top1_agreement"]

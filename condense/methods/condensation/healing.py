@@ -124,13 +124,13 @@ def last_logprobs(model, rows, batch_size, prompts="clean_ids"):
 
 
 # ------------------------------------------------------------------ the four phases
-def heal_loss(model, graph, cols, idx, target_logp, cfg):
+def heal_loss(model, graph, cols, idx, target_logp, cfg, means=None):
     device = next(model.parameters()).device
     clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
     corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
     logits = run_graph(model, graph, clean.to(device), corrupted.to(device), mask.to(device),
                        intervention=cfg.intervention, logit_positions=(lengths - 1).to(device),
-                       ablated_grad=cfg.heal_ablated_grad)
+                       ablated_grad=cfg.heal_ablated_grad, means=means)
     t = cfg.heal_temperature
     logp = F.log_softmax(logits.float() / t, -1)
     target = target_logp[idx].to(device)
@@ -174,7 +174,8 @@ def edge_key(graph) -> str:
 
 
 def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_blocks=None, desc=None,
-         accepts=None, corrupted_logp=None, state_path=None, resumed: Optional[dict] = None):
+         accepts=None, corrupted_logp=None, state_path=None, resumed: Optional[dict] = None,
+         means=None):
     """`heal_steps` AdamW steps on the LoRA parameters (condense.optimize.fit); raises
     Diverged on NaN/inf. Every process draws the same batch and trains on its share.
     With `heal_general_weight` > 0 and general-text blocks (train split), the loss adds that
@@ -189,7 +190,8 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     circuit's edges) and go on from it, so that a heal killed mid-way resumes.
     resumed: a dict that gets `seconds`, the wall seconds earlier processes spent on the steps
     a resumed heal went on from (0.0 on a fresh start), so that the caller's timings count the
-    whole heal."""
+    whole heal.
+    means: what removed edges carry under mean ablation (the original model's sender means)."""
     cols, n = dataset_columns(rows)
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(_round_seed(cfg, rnd))
@@ -200,7 +202,7 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
 
     def loss_fn(step):
         idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
-        loss = heal_loss(model, graph, cols, idx, target_logp, cfg)
+        loss = heal_loss(model, graph, cols, idx, target_logp, cfg, means)
         if cfg.heal_corrupted_weight > 0:
             loss = loss + cfg.heal_corrupted_weight * corrupted_loss(model, cols, idx, corrupted_logp)
         if use_general:

@@ -46,10 +46,11 @@ def rank_method(graph, cfg):
     return "eap_ig_inputs"
 
 
-def rank(model, graph, rows, cfg, progress=True):
+def rank(model, graph, rows, cfg, progress=True, means=None):
     """Scores (EAP-IG, see rank_method) into graph.scores; pruned (not in_graph) edges' scores
     set to 0. With several processes each scores its share of the rows and the sums are
-    all-reduced. `rank_rows` limits the rows."""
+    all-reduced. `rank_rows` limits the rows. `means`: what removed edges carry under mean
+    ablation."""
     if cfg.rank_rows is not None and cfg.rank_rows < len(rows):
         rows = rows.select(range(cfg.rank_rows))
     n = len(rows)
@@ -58,7 +59,7 @@ def rank(model, graph, rows, cfg, progress=True):
     scores = attribute(model, graph, local, rank_method(graph, cfg), ig_steps=cfg.ig_steps,
                        intervention=cfg.intervention, metric=cfg.metric,
                        batch_size=cfg.batch_size, seed=cfg.seed, progress=progress and is_main(),
-                       at_circuit=cfg.rank_at_circuit)
+                       at_circuit=cfg.rank_at_circuit, means=means)
     if world()[1] > 1:  # attribute returns a mean over its rows: back to sums, then the mean
         device = next(model.parameters()).device
         total = all_reduce_(scores.to(device, torch.float64) * len(mine))
@@ -134,13 +135,17 @@ class _Loop:
         log(f"condense {cfg.task}: {len(self.blocks)} general-text blocks; heal={cfg.heal} "
             f"prune={cfg.prune}")
         self.full = ctx.graph
+        # under mean ablation a removed edge carries the ORIGINAL model's sender means over the
+        # train prompts (open_run computed them before any adapter existed): fixed for the whole
+        # run, so a heal cannot move what pruned edges carry, and verify can compute them again
+        self.means = ctx.means
         # the original model's outputs, before any adapter exists
         self.target_logp = last_logprobs(model, self.rows["train"], cfg.batch_size) if cfg.heal else None
         self.corrupted_logp = (last_logprobs(model, self.rows["train"], cfg.batch_size, "corrupted_ids")
                                if cfg.heal and cfg.heal_corrupted_weight > 0 else None)
-        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg)
+        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg, self.means)
         self.test_ref = reference_outputs(model, self.full, self.rows["test"], cfg.intervention,
-                                          cfg.batch_size)
+                                          cfg.batch_size, self.means)
         log(f"original model: val accuracy {self.gate.accuracy_original:.3f}, general-text ppl "
             f"{self.gate.ppl_original:.2f}")
         self.model = add_adapter(model, cfg)
@@ -184,7 +189,7 @@ class _Loop:
         torch.manual_seed(_round_seed(cfg, rnd))
         cut = state["cut"] if cfg.prune else 0.0
         if cfg.prune:
-            rank(model, circuit, self.rows["train"], cfg)
+            rank(model, circuit, self.rows["train"], cfg, means=self.means)
             candidate = cut_edges(circuit, cut)
         else:
             candidate = circuit.copy()
@@ -204,7 +209,7 @@ class _Loop:
                     note = "healed: the gate rejected the unhealed candidate"
                 losses = heal(model, candidate, self.rows["train"], self.target_logp, cfg, rnd,
                               general_blocks=self.train_blocks, corrupted_logp=self.corrupted_logp,
-                              state_path=self._heal_file(rnd), resumed=resumed,
+                              state_path=self._heal_file(rnd), resumed=resumed, means=self.means,
                               # heal-only (prune=false) heals in full: its heal is the control
                               accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
@@ -292,7 +297,7 @@ class _Loop:
             losses = heal(model, circuit, rows, target, steps_cfg, rnd,
                           general_blocks=self.train_blocks, desc="final heal",
                           corrupted_logp=corrupted, state_path=self._heal_file("final"),
-                          resumed=resumed)
+                          resumed=resumed, means=self.means)
             ok, g = self.gate(model, circuit)
         except HealDiverged as e:
             losses, ok, g = [], False, _NOT_GATED
@@ -331,15 +336,16 @@ class _Loop:
         state, circuit = _load_state(self.out, self.ctx.model, model, cfg)
         extra = {}
         if not cfg.prune:  # heal-only control: rank the healed model, smallest faithful circuit
-            rank(model, circuit, rows["train"], cfg)
+            rank(model, circuit, rows["train"], cfg, means=self.means)
             found = smallest_faithful(model, circuit, rows["val"], cfg.faithfulness_threshold,
                                       absolute=cfg.absolute_scores, intervention=cfg.intervention,
-                                      batch_size=cfg.batch_size, resolution=cfg.search_resolution)
+                                      batch_size=cfg.batch_size, resolution=cfg.search_resolution,
+                                      means=self.means)
             if found.graph is not None:
                 circuit = found.graph
             extra = dict(faithful_on_val=found.graph is not None, faithfulness_val=found.faithfulness)
-        test = circuit_metrics(model, circuit, rows["test"], self.test_ref, cfg)
-        extra.update(template_split_metrics(model, circuit, rows["test"], self.test_ref, cfg))
+        test = circuit_metrics(model, circuit, rows["test"], self.test_ref, cfg, means=self.means)
+        extra.update(template_split_metrics(model, circuit, rows["test"], self.test_ref, cfg, self.means))
         ppl = perplexity(model, self.blocks, cfg.batch_size) if self.blocks else math.nan
         metrics = dict(
             method=cfg.method, task=cfg.task, model=cfg.model, heal=cfg.heal, prune=cfg.prune,

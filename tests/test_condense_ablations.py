@@ -1,0 +1,86 @@
+"""Condensation under mean and zero ablation (the `intervention` key): the loop runs to the end,
+removed edges carry the ORIGINAL model's means, and the reported test numbers are what an
+independent evaluation and `condense verify` compute from the written run."""
+import os
+
+import pytest
+import torch
+
+from condense.methods.condensation import healing
+from tests.test_condense import _recipe, _run, tiny_model  # noqa: F401 (a fixture)
+
+
+def _independent(out, tiny_model, intervention):
+    """The written run's test numbers recomputed from its files: base + adapter from disk, the
+    original (adapter off) as reference, and under mean ablation the original's sender means."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from condense import tasks
+    from condense.evaluate import EvalReference, empty_logit_diffs, evaluate, reference_outputs
+    from condense.graph import Graph
+    from condense.means import compute_means
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager")
+    model = PeftModel.from_pretrained(base, out).eval()
+    circuit = Graph.from_json(os.path.join(out, "circuit.json"), model)
+    test = tasks.load_task("ioi", tok, "test", n=8, seed=0)
+    means = None
+    with model.disable_adapter():
+        if intervention == "mean":
+            train = tasks.load_task("ioi", tok, "train", n=8, seed=0)
+            means = compute_means(model, circuit, train["clean_ids"], batch_size=8)
+        original = reference_outputs(model, circuit, test, intervention, 8, means)
+    empty = empty_logit_diffs(model, circuit, test, intervention, 8, means)
+    ref = EvalReference(original.full_logits, empty, intervention)
+    return evaluate(model, circuit, test, intervention, 8, reference=ref, means=means), model, means
+
+
+@pytest.mark.parametrize("intervention", ["mean", "zero"])
+def test_condensation_under_mean_and_zero_ablation(tiny_model, tmp_path, monkeypatch, intervention):
+    seen = []
+    real = healing.run_graph
+
+    def spy(*args, **kw):  # what the heal's circuit forward was given
+        seen.append((kw["intervention"], kw.get("means")))
+        return real(*args, **kw)
+    monkeypatch.setattr(healing, "run_graph", spy)
+    out = str(tmp_path / "out")
+    metrics = _run(_recipe(tmp_path, tiny_model, max_rounds=2), f"intervention={intervention}",
+                   f"output_dir={out}")
+    assert metrics["edges"] > 0 and metrics["rounds"] == 2
+    assert seen and all(i == intervention for i, _ in seen)  # the heals ran under it
+    assert all((m is not None) == (intervention == "mean") for _, m in seen)
+    mine, model, means = _independent(out, tiny_model, intervention)
+    for key in ("accuracy", "kl", "top1_agreement", "faithfulness"):
+        assert mine[key] == pytest.approx(metrics[key], abs=1e-5), key
+    if intervention == "mean":
+        # the heal moved the model, so the ADAPTED model's means would be other values: the
+        # loop's numbers come from the original's, which a heal cannot change
+        from condense.means import compute_means
+        adapted = compute_means(model, model_graph(model, out), _train_ids(tiny_model), batch_size=8)
+        assert not torch.allclose(adapted.overall[0], means.overall[0])
+
+
+def model_graph(model, out):
+    from condense.graph import Graph
+    return Graph.from_json(os.path.join(out, "circuit.json"), model)
+
+
+def _train_ids(tiny_model):
+    from transformers import AutoTokenizer
+
+    from condense import tasks
+    return tasks.load_task("ioi", AutoTokenizer.from_pretrained(tiny_model), "train", n=8, seed=0)["clean_ids"]
+
+
+def test_verify_reads_a_mean_ablation_run_as_the_loop_measured_it(tiny_model, tmp_path):
+    """verify computes the means with the adapter off, as the loop did, so its circuit accuracy
+    and faithfulness on the run's own test rows are the run's."""
+    from condense.verify.run import verify_run
+    out = str(tmp_path / "out")
+    metrics = _run(_recipe(tmp_path, tiny_model, max_rounds=2), "intervention=mean", f"output_dir={out}")
+    report = verify_run(out, n=8, progress=False, local=True, reduce=False, pairs=False)
+    assert report["intervention"] == "mean"
+    assert report["accuracy_circuit"] == pytest.approx(metrics["accuracy"], abs=1e-6)
+    assert report["faithfulness_circuit"] == pytest.approx(metrics["faithfulness"], abs=1e-4)
