@@ -205,7 +205,7 @@ def train(cfg):
         for name, n in drawn.items():
             for _ in range(n):
                 next(streams[name])
-        print(f"organism: going on from step {step} ({state.path})", flush=True)
+        # FitState.load has said where it goes on from (stderr), once for every training
     model.train()
     offset = 0  # steps of the phases before this one
     for p, ph in enumerate(phases):
