@@ -3,7 +3,7 @@ seed, against EAP-IG's smallest faithful circuit, and the verifier on every smal
 
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py [--tasks ioi,agreement,induction,docstring]
         [--seeds 0] [--variants c1,c0,heal_only] [--out runs/condense_grid] [--max-verify 20]
-        [--keep] [--json PATH] [--plot PNG] [--model gemma3-270m] [key=value ...]
+        [--keep] [--json PATH] [--plot PNG] [--model gemma3-270m] [--baselines DIR] [key=value ...]
     HF_HUB_OFFLINE=1 python benchmarks/condense_grid.py --combine A.json B.json [--json PATH] [--plot PNG]
 
 Each run is `condense run --recipe recipes/condense/smollm2_<task>.yaml seed=<s> [variant keys]
@@ -13,7 +13,9 @@ other; a finished run (metrics.json) is not rerun, and an interrupted one resume
 search_resolution=0.01` (heal the full graph, then rank with EAP-IG and take the smallest
 faithful circuit, searched as the baselines are). Every C1 with at most --max-verify edges is
 verified (`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
-checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py). The table
+checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py), or with
+`--baselines DIR` from DIR/eap_ig_<task>/metrics.json (a baselines run's folder, e.g. under
+another intervention: EAP-IG's circuit must have been found under the runs' own). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
 7.4x: over task-seed rows and, when tasks have unequal seeds, with each task weighed once.
 `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
@@ -148,12 +150,31 @@ def _load(path):
         return json.load(f)
 
 
-def row_of(out, task, seed, max_verify, model=DEFAULT_MODEL):
+def intervention_of(folder):
+    """The `intervention` a run folder's recipe ran under (None: no run there)."""
+    if not os.path.exists(os.path.join(folder, "recipe.yaml")):
+        return None
+    from condense.runs import load_config
+    return load_config(os.path.join(folder, "recipe.yaml"), []).intervention
+
+
+def row_of(out, task, seed, max_verify, model=DEFAULT_MODEL, baselines=None):
     runs = {v: _load(os.path.join(out, f"{v}_{task}_s{seed}", "metrics.json")) for v in VARIANTS}
-    eap_ig = _load(os.path.join(ROOT, "checkpoints", f"eap_ig_{tag_of(model)}_{task}", "metrics.json"))
+    base = (os.path.join(baselines, f"eap_ig_{task}") if baselines
+            else os.path.join(ROOT, "checkpoints", f"eap_ig_{tag_of(model)}_{task}"))
+    eap_ig = _load(os.path.join(base, "metrics.json"))
+    # a size ratio means something only between circuits found under the same ablation
+    ablations = {v: intervention_of(os.path.join(out, f"{v}_{task}_s{seed}")) for v in VARIANTS}
+    wanted = eap_ig.get("intervention", "patching") if eap_ig else None
+    differ = {v: i for v, i in ablations.items() if i is not None and wanted and i != wanted}
+    if differ:
+        raise SystemExit(f"{task} seed {seed}: EAP-IG's circuit ({base}) was found under "
+                         f"{wanted}, but {', '.join(f'{v} ran under {i}' for v, i in differ.items())}; "
+                         f"give --baselines a baselines folder run under the same intervention")
     c1 = runs["c1"]
     row = dict(task=task, seed=seed, eap_ig_edges=eap_ig["edges"] if eap_ig else None,
-               **{f"{v}_edges": (m["edges"] if m else None) for v, m in runs.items()})
+               **{f"{v}_edges": (m["edges"] if m else None) for v, m in runs.items()},
+               **({"intervention": wanted} if wanted and wanted != "patching" else {}))
     if c1:
         row.update(accuracy=c1["accuracy"], accuracy_original=c1["accuracy_original"],
                    kl=c1["kl"], top1_agreement=c1["top1_agreement"],
@@ -195,7 +216,8 @@ def markdown(rows, summary):
                    f"minimal {r['minimal_subset_sizes']}; "
                    f"pairs {r['interacting_pairs']}, median {r['median_partners']}")
         c0c1 = r["c0_edges"] / r["c1_edges"] if r.get("c0_edges") and r.get("c1_edges") else None
-        lines.append(f"| {r['task']} | {r['seed']} | {f(r.get('eap_ig_edges'), 'd')} "
+        task = r["task"] + (f" ({r['intervention']} ablation)" if r.get("intervention") else "")
+        lines.append(f"| {task} | {r['seed']} | {f(r.get('eap_ig_edges'), 'd')} "
                      f"| {f(r.get('c1_edges'), 'd')} | {f(r.get('c0_edges'), 'd')} "
                      f"| {f(r.get('heal_only_edges'), 'd')} | {f(r.get('eap_ig_over_c1'), '.1f')} | {f(c0c1, '.2f')} | "
                      f"{f(r.get('accuracy'))} ({f(r.get('accuracy_original'))}) | {f(r.get('kl'))} | "
@@ -323,6 +345,9 @@ def main(argv=None):
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help="run on this model instead: its own recipes/condense/<tag>_<task>.yaml where "
                          "shipped, else the SmolLM2 recipe with model=NAME")
+    ap.add_argument("--baselines", metavar="DIR",
+                    help="EAP-IG's circuits from DIR/eap_ig_<task>/ (a baselines run folder, e.g. "
+                         "under intervention=mean) instead of checkpoints/eap_ig_<tag>_<task>/")
     ap.add_argument("extra", nargs="*", help="key=value for every run")
     args = ap.parse_args(argv)
     if not args.combine:
@@ -349,7 +374,7 @@ def main(argv=None):
         for task in tasks:
             for variant in [v for v in args.variants.split(",") if v]:
                 run_one(args.out, variant, task, seed, args.extra, args.model)
-    rows = [row_of(args.out, t, s, args.max_verify, args.model) for s in seeds for t in tasks]
+    rows = [row_of(args.out, t, s, args.max_verify, args.model, args.baselines) for s in seeds for t in tasks]
     if args.keep:
         for r in rows:
             src = os.path.join(args.out, f"c1_{r['task']}_s0")

@@ -84,3 +84,28 @@ def test_verify_reads_a_mean_ablation_run_as_the_loop_measured_it(tiny_model, tm
     assert report["intervention"] == "mean"
     assert report["accuracy_circuit"] == pytest.approx(metrics["accuracy"], abs=1e-6)
     assert report["faithfulness_circuit"] == pytest.approx(metrics["faithfulness"], abs=1e-4)
+
+
+def test_grid_compares_sizes_only_under_one_intervention(condense_grid, tmp_path):
+    """The grid refuses a C1 found under mean ablation beside an EAP-IG circuit found under
+    patching (their sizes answer different questions), naming both; with `--baselines` run
+    under the same intervention it gives the ratio and says which ablation the row used."""
+    import json
+    grid = condense_grid
+    out, base = tmp_path / "runs", tmp_path / "baselines"
+    c1 = out / "c1_ioi_s0"
+    c1.mkdir(parents=True)
+    (c1 / "recipe.yaml").write_text("method: condense\nmodel: nowhere\ntask: ioi\nintervention: mean\n")
+    (c1 / "metrics.json").write_text(json.dumps(dict(
+        edges=100, accuracy=0.9, accuracy_original=0.95, kl=0.1, top1_agreement=0.9, ppl_ratio=1.0,
+        faithfulness=0.9, wall_seconds=60.0, rounds=3)))
+    for intervention, edges in (("patching", 7451), ("mean", 71843)):
+        (base / intervention / "eap_ig_ioi").mkdir(parents=True)
+        (base / intervention / "eap_ig_ioi" / "metrics.json").write_text(
+            json.dumps(dict(edges=edges, intervention=intervention)))
+    with pytest.raises(SystemExit, match="found under patching, but c1 ran under mean"):
+        grid.row_of(str(out), "ioi", 0, 20, baselines=str(base / "patching"))
+    row = grid.row_of(str(out), "ioi", 0, 20, baselines=str(base / "mean"))
+    assert row["eap_ig_edges"] == 71843 and row["eap_ig_over_c1"] == pytest.approx(718.43)
+    assert row["intervention"] == "mean"
+    assert "| ioi (mean ablation) | 0 | 71843 | 100 |" in grid.markdown([row], grid.summarize([row]))
