@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from condense.methods.condensation import healing
-from tests.test_condense import _recipe, _run, tiny_model  # noqa: F401 (a fixture)
+from tests.test_condense import _recipe, _run
 
 
-def _independent(out, tiny_model, intervention):
+def _independent(out, folder, intervention):
     """The written run's test numbers recomputed from its files: base + adapter from disk, the
     original (adapter off) as reference, and under mean ablation the original's sender means."""
     from peft import PeftModel
@@ -20,8 +20,8 @@ def _independent(out, tiny_model, intervention):
     from condense.evaluate import EvalReference, empty_logit_diffs, evaluate, reference_outputs
     from condense.graph import Graph
     from condense.means import compute_means
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager")
+    tok = AutoTokenizer.from_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
     model = PeftModel.from_pretrained(base, out).eval()
     circuit = Graph.from_json(os.path.join(out, "circuit.json"), model)
     test = tasks.load_task("ioi", tok, "test", n=8, seed=0)
@@ -37,7 +37,7 @@ def _independent(out, tiny_model, intervention):
 
 
 @pytest.mark.parametrize("intervention", ["mean", "zero"])
-def test_condensation_under_mean_and_zero_ablation(tiny_model, tmp_path, monkeypatch, intervention):
+def test_condensation_under_mean_and_zero_ablation(tiny_model_dir, tmp_path, monkeypatch, intervention):
     seen = []
     real = healing.run_graph
 
@@ -46,19 +46,19 @@ def test_condensation_under_mean_and_zero_ablation(tiny_model, tmp_path, monkeyp
         return real(*args, **kw)
     monkeypatch.setattr(healing, "run_graph", spy)
     out = str(tmp_path / "out")
-    metrics = _run(_recipe(tmp_path, tiny_model, max_rounds=2), f"intervention={intervention}",
+    metrics = _run(_recipe(tmp_path, tiny_model_dir, max_rounds=2), f"intervention={intervention}",
                    f"output_dir={out}")
     assert metrics["edges"] > 0 and metrics["rounds"] == 2
     assert seen and all(i == intervention for i, _ in seen)  # the heals ran under it
     assert all((m is not None) == (intervention == "mean") for _, m in seen)
-    mine, model, means = _independent(out, tiny_model, intervention)
+    mine, model, means = _independent(out, tiny_model_dir, intervention)
     for key in ("accuracy", "kl", "top1_agreement", "faithfulness"):
         assert mine[key] == pytest.approx(metrics[key], abs=1e-5), key
     if intervention == "mean":
         # the heal moved the model, so the ADAPTED model's means would be other values: the
         # loop's numbers come from the original's, which a heal cannot change
         from condense.means import compute_means
-        adapted = compute_means(model, model_graph(model, out), _train_ids(tiny_model), batch_size=8)
+        adapted = compute_means(model, model_graph(model, out), _train_ids(tiny_model_dir), batch_size=8)
         assert not torch.allclose(adapted.overall[0], means.overall[0])
 
 
@@ -67,23 +67,48 @@ def model_graph(model, out):
     return Graph.from_json(os.path.join(out, "circuit.json"), model)
 
 
-def _train_ids(tiny_model):
+def _train_ids(folder):
     from transformers import AutoTokenizer
 
     from condense import tasks
-    return tasks.load_task("ioi", AutoTokenizer.from_pretrained(tiny_model), "train", n=8, seed=0)["clean_ids"]
+    return tasks.load_task("ioi", AutoTokenizer.from_pretrained(folder), "train", n=8, seed=0)["clean_ids"]
 
 
-def test_verify_reads_a_mean_ablation_run_as_the_loop_measured_it(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def mean_run(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mean")
+    out = str(tmp / "out")
+    return out, _run(_recipe(tmp, tiny_model_dir, max_rounds=2), "intervention=mean", f"output_dir={out}")
+
+
+def test_verify_reads_a_mean_ablation_run_as_the_loop_measured_it(mean_run):
     """verify computes the means with the adapter off, as the loop did, so its circuit accuracy
     and faithfulness on the run's own test rows are the run's."""
     from condense.verify.run import verify_run
-    out = str(tmp_path / "out")
-    metrics = _run(_recipe(tmp_path, tiny_model, max_rounds=2), "intervention=mean", f"output_dir={out}")
+    out, metrics = mean_run
     report = verify_run(out, n=8, progress=False, local=True, reduce=False, pairs=False)
     assert report["intervention"] == "mean"
     assert report["accuracy_circuit"] == pytest.approx(metrics["accuracy"], abs=1e-6)
     assert report["faithfulness_circuit"] == pytest.approx(metrics["faithfulness"], abs=1e-4)
+
+
+def test_explain_attributes_neurons_under_the_runs_own_mean_ablation(mean_run, tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    """explain's neuron attribution of a mean-ablation run ablates with the original model's
+    means, as the loop did (it used to fall back to patching)."""
+    from condense.explain import run as explain
+    out, _ = mean_run
+    seen = []
+
+    def spy(model, graph, rows, intervention="patching", batch_size=16, means=None):
+        seen.append((intervention, means))
+        return torch.zeros(graph.n_layers, graph.shape.d_mlp)
+    monkeypatch.setattr(explain, "neuron_attribution", spy)
+    explain.explain_run(out, out_dir=str(tmp_path / "explained"), n_task=8, n_general=2, n_contexts=4,
+                        circuitlens=False, progress=None, threads=1)
+    assert len(seen) == 1 and seen[0][0] == "mean"
+    _, _, original = _independent(out, tiny_model_dir, "mean")
+    assert all(torch.equal(a, b) for a, b in zip(seen[0][1].overall, original.overall))
 
 
 def test_grid_compares_sizes_only_under_one_intervention(condense_grid, tmp_path):

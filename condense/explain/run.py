@@ -115,12 +115,13 @@ def weight_neuron_scores(lens, layer):
 
 def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vocab_size=None,
                     task_rows=None, pool=None, nodes=None, max_nodes=None, n_neurons=8,
-                    neuron_ranking="attribution", intervention="patching", lens_config=None,
-                    lens_circuit_config=None, describe=None, progress=say,
+                    neuron_ranking="attribution", intervention="patching", means=None,
+                    lens_config=None, lens_circuit_config=None, describe=None, progress=say,
                     memo: Optional[dict] = None, on_update: Optional[Callable[[], None]] = None):
     """Explanations of the circuit's nodes (`nodes`: names to explain, default all circuit
     nodes). `task_rows`: task rows (clean/corrupted/answer/distractor) for neuron
-    attribution; `pool`: (sequences, sources) for CircuitLens (None: skip CircuitLens).
+    attribution (under `intervention`, with `means` for mean ablation: condense.means);
+    `pool`: (sequences, sources) for CircuitLens (None: skip CircuitLens).
     `memo` holds what is done ("attribution", and "nodes" by name): what it already holds is
     taken from it, what is made is put into it, and `on_update` is called after each addition
     (so that a caller can save it and a rerun go on)."""
@@ -145,7 +146,8 @@ def explain_circuit(model, graph, *, decode=None, neutral_ids, prefix_ids=(), vo
     attribution = memo.get("attribution")
     if (attribution is None and task_rows is not None and neuron_ranking == "attribution"
             and any(parse_node(n)[0] == "mlp" for n in todo)):
-        attribution = memo["attribution"] = neuron_attribution(model, graph, task_rows, intervention)
+        attribution = memo["attribution"] = neuron_attribution(model, graph, task_rows, intervention,
+                                                               means=means)
         if on_update:
             on_update()
     circuit_edges = [e.name for e in graph.edges.values() if e.in_graph]
@@ -372,12 +374,13 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     recipe, adapter = run.config, run.adapter
     task = task or recipe.task
     intervention = recipe.intervention
-    if intervention == "mean":
-        intervention = "patching"  # neuron attribution below; mean ablation would need means
 
     def decode(ids):
         return tok.decode(list(ids))
     rows = tasks.load_task(task, tok, split, n=n_task, seed=seed) if task else None
+    # neuron attribution ablates as the run did: under mean ablation with the run's own means
+    means = (run.means(net, graph, tok, task, recipe.batch_size)
+             if intervention == "mean" and rows is not None else None)
     pool = None
     if circuitlens:
         seqs, sources = [], []
@@ -407,7 +410,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     nodes = explain_circuit(net, graph, decode=decode, neutral_ids=neutral, prefix_ids=prefix,
                             vocab_size=len(tok), task_rows=rows, pool=pool, max_nodes=max_nodes,
                             n_neurons=n_neurons, neuron_ranking=neuron_ranking,
-                            intervention=intervention, lens_config=lcfg,
+                            intervention=intervention, means=means, lens_config=lcfg,
                             lens_circuit_config=ccfg, describe=describe, progress=progress,
                             memo=done.memo, on_update=done.save)
     summary = dict(n_nodes=len(nodes), context_dependent=[n for n, v in nodes.items()

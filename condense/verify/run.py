@@ -50,7 +50,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -283,7 +282,6 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
-    from condense.means import compute_means
     from condense.runs import read_run
 
     begin = time.perf_counter()
@@ -307,12 +305,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     quantization = cfg.quantization if quantization == "as run" else quantization
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
     graph = run.circuit(net)
-    means = None
-    if intervention == "mean":  # as the runs do: sender means over the task's train prompts
-        train = tasks.load_task(task, tokenizer, "train", n=cfg.n_train, seed=seed)
-        # condensation's removed edges carry the original model's means (adapter off)
-        with (net.disable_adapter() if cfg.method == "condense" and adapter else nullcontext()):
-            means = compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
+    means = run.means(net, graph, tokenizer, task, batch_size) if intervention == "mean" else None
     reference_logits, reference = None, "full model"
     if cfg.method == "condense" and adapter:
         # the gate judged the circuit against the original model (adapter off): so does verify
