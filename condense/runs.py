@@ -313,10 +313,11 @@ class RunFolder:
     def circuit(self, model) -> Graph:
         return Graph.from_json(self.circuit_path, model)
 
-    def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None, batch_size: int = 32):
+    def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None):
         """What a removed edge carried in this run under mean ablation: the sender means over
-        the task's train prompts (the run's rows and seed), as open_run computes them, and for a
-        condensation run with the adapter off (the loop's means are the original model's)."""
+        the task's train prompts (the run's rows, seed and batch size, whose summation order
+        the means' last bits depend on), as open_run computes them, and for a condensation run
+        with the adapter off (the loop's means are the original model's)."""
         from contextlib import nullcontext
 
         from condense import tasks
@@ -325,7 +326,7 @@ class RunFolder:
         train = tasks.load_task(task or cfg.task, tokenizer, "train", n=cfg.n_train, seed=cfg.seed)
         original = cfg.method == "condense" and self.adapter
         with net.disable_adapter() if original else nullcontext():
-            return compute_means(net, graph, train["clean_ids"], batch_size=batch_size)
+            return compute_means(net, graph, train["clean_ids"], batch_size=cfg.batch_size)
 
 
 def read_run(path: str, what: str = "read") -> RunFolder:
