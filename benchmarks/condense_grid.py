@@ -15,7 +15,8 @@ faithful circuit, searched as the baselines are). Every C1 with at most --max-ve
 verified (`condense verify`, the run's own criterion). EAP-IG's smallest faithful circuit comes from
 checkpoints/eap_ig_smollm2_<task>/metrics.json (benchmarks/smollm2_baselines.py), or with
 `--baselines DIR` from DIR/eap_ig_<task>/metrics.json (a baselines run's folder, e.g. under
-another intervention: EAP-IG's circuit must have been found under the runs' own). The table
+another intervention: EAP-IG's circuit must have been found under the runs' own, which is
+checked before any run). The table
 ends with the geometric mean of EAP-IG / C1 and of EAP-IG / C0 next to the paper's 8.1x and
 7.4x: over task-seed rows and, when tasks have unequal seeds, with each task weighed once.
 `--keep` copies each C1 run (adapter, circuit, metrics, rounds, pictures) into
@@ -103,6 +104,32 @@ def check_plan(ap, tasks, variants, model):
         ap.error(f"--tasks: no condensation recipe for {', '.join(bad)}; tasks with one: {', '.join(shipped)}")
 
 
+def baseline_folder(task, model, baselines=None):
+    """Where the row of `task` reads EAP-IG's circuit: DIR/eap_ig_<task> or the shipped one."""
+    return (os.path.join(baselines, f"eap_ig_{task}") if baselines
+            else os.path.join(ROOT, "checkpoints", f"eap_ig_{tag_of(model)}_{task}"))
+
+
+def check_baselines(ap, tasks, model, baselines, extra):
+    """Exit 2 before any run when `--baselines` lacks a task's EAP-IG circuit, or when a task's
+    EAP-IG circuit was found under another intervention than the runs would use (row_of would
+    refuse that table only after hours of runs)."""
+    from condense.runs import load_config
+    for task in tasks:
+        path = os.path.join(baseline_folder(task, model, baselines), "metrics.json")
+        if not os.path.exists(path):
+            if baselines:
+                ap.error(f"--baselines {baselines}: no eap_ig_{task}/metrics.json (give a folder of "
+                         f"baselines runs, one eap_ig_<task>/ per task)")
+            continue
+        found = _load(path).get("intervention", "patching")
+        recipe, keys = recipe_of(task, model)
+        runs = load_config(recipe, keys + list(extra)).intervention
+        if runs != found:
+            ap.error(f"{task}: EAP-IG's circuit ({path}) was found under {found}, the runs would "
+                     f"run under {runs}; give --baselines a folder of baselines run under {runs}")
+
+
 def tag_of(model):
     from condense.models import model_tag
     return model_tag(model)
@@ -160,8 +187,7 @@ def intervention_of(folder):
 
 def row_of(out, task, seed, max_verify, model=DEFAULT_MODEL, baselines=None):
     runs = {v: _load(os.path.join(out, f"{v}_{task}_s{seed}", "metrics.json")) for v in VARIANTS}
-    base = (os.path.join(baselines, f"eap_ig_{task}") if baselines
-            else os.path.join(ROOT, "checkpoints", f"eap_ig_{tag_of(model)}_{task}"))
+    base = baseline_folder(task, model, baselines)
     eap_ig = _load(os.path.join(base, "metrics.json"))
     # a size ratio means something only between circuits found under the same ablation
     ablations = {v: intervention_of(os.path.join(out, f"{v}_{task}_s{seed}")) for v in VARIANTS}
@@ -361,6 +387,7 @@ def main(argv=None):
         ap.error(f"--seeds {args.seeds}: comma-separated integers, e.g. 0,1,2")
     if not args.combine:
         check_plan(ap, tasks, [v for v in args.variants.split(",") if v], args.model)
+        check_baselines(ap, tasks, args.model, args.baselines, args.extra)
     start = time.time()
     command = command_line("benchmarks/condense_grid.py", argv)
     if args.combine:

@@ -134,3 +134,22 @@ def test_grid_compares_sizes_only_under_one_intervention(condense_grid, tmp_path
     assert row["eap_ig_edges"] == 71843 and row["eap_ig_over_c1"] == pytest.approx(718.43)
     assert row["intervention"] == "mean"
     assert "| ioi (mean ablation) | 0 | 71843 | 100 |" in grid.markdown([row], grid.summarize([row]))
+
+
+def test_grid_refuses_mismatched_or_missing_baselines_before_any_run(condense_grid, tmp_path, capsys,
+                                                                    monkeypatch):
+    """The same refusal before hours of runs: a baseline found under patching for runs under
+    mean ablation, and a --baselines folder without the task's EAP-IG run, exit 2 naming why."""
+    import json
+    grid = condense_grid
+    monkeypatch.setattr(grid, "run_one", lambda *a, **k: pytest.fail("ran before the check"))
+    base = tmp_path / "baselines"
+    (base / "eap_ig_ioi").mkdir(parents=True)
+    (base / "eap_ig_ioi" / "metrics.json").write_text(json.dumps(dict(edges=7451, intervention="patching")))
+    out = str(tmp_path / "runs")
+    for args, words in (([f"--baselines={base}", "intervention=mean"], "found under patching, the runs "
+                                                                        "would run under mean"),
+                        ([f"--baselines={tmp_path / 'none'}"], "no eap_ig_ioi/metrics.json")):
+        with pytest.raises(SystemExit) as e:
+            grid.main(["--tasks", "ioi", "--out", out, *args])
+        assert e.value.code == 2 and words in capsys.readouterr().err
