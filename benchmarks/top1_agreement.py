@@ -2,7 +2,8 @@
 original was.
 
     HF_HUB_OFFLINE=1 python benchmarks/top1_agreement.py RUN [RUN ...] [--n 200] [--split test]
-        [--threads 1] [--quantized 4bit|8bit] [--top-n N,N,...] [--json PATH]
+        [--threads 1] [--quantized 4bit|8bit] [--top-n N,N,...] [--counterfactuals K]
+        [--json PATH]
 
 For each run folder (a condensation run: circuit.json, adapter; or a frozen scoring run's
 circuit, compared with the model itself): on the run's task rows, the
@@ -21,6 +22,9 @@ of the weights that nobody would call a different model.
 `--top-n`: for a frozen scoring run, its ranking cut to each of these sizes (pruned as its
 search prunes) instead of its smallest faithful circuit: how large a frozen circuit has to be
 before it picks the original's next token as often as a bar asks.
+`--counterfactuals K` (IOI): each circuit again under K sets of corrupted prompts, the first the
+rows' own, the others with the third name drawn again: how much of the disagreement moves with
+which name the pruned edges carry (the original, every edge on, does not depend on it).
 """
 import argparse
 import collections
@@ -37,10 +41,13 @@ def _categories(top, answer, distractor):
 
 
 def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
-              batch_size: int = 16, top_n: list | None = None) -> Iterator[dict]:
+              batch_size: int = 16, top_n: list | None = None,
+              counterfactuals: int = 0) -> Iterator[dict]:
     """One result per circuit, each as soon as it is measured: the run's own circuit, or with
     `top_n` (a frozen scoring run only) the pruned top-n circuit of the run's scores for each
-    n; all against one run of the original."""
+    n; all against one run of the original. `counterfactuals` > 1 (IOI): also each circuit's
+    agreement with the third name of every corrupted prompt drawn again that many times
+    (`counterfactual_spread`)."""
     from condense import tasks
     from condense.curves import pruned_topn
     from condense.evaluate import reference_outputs
@@ -50,6 +57,7 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     cfg = run.config
     net, tokenizer, device = run.load_model(threads=threads)
     rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
+    draws = redrawn_counterfactuals(rows, tokenizer, counterfactuals) if counterfactuals > 1 else None
     graph = run.circuit(net)
     if top_n and run.adapter:
         raise SystemExit(f"{run_dir}: --top-n re-ranks a frozen scoring run's scores; this run "
@@ -63,28 +71,107 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     for k in top_n or [None]:
         if k is not None:  # the same ranking at another size, pruned as the search prunes
             pruned_topn(graph, k, cfg.absolute_scores)
-        yield dict(n_requested=k, **_compare(net, graph, cfg, tokenizer, rows, original, device,
-                                             batch_size),
-                   run_dir=run_dir, split=split)
+        result = dict(n_requested=k, **_compare(net, graph, cfg, tokenizer, rows, original, device,
+                                                batch_size),
+                      run_dir=run_dir, split=split)
+        if draws:
+            result["counterfactual_draws"] = counterfactual_spread(
+                net, graph, cfg, rows, original, draws, device, batch_size)
+        yield result
+
+
+def redrawn_counterfactuals(rows, tokenizer, draws: int, seed: int = 0) -> list:
+    """`draws` sets of corrupted prompts for IOI `rows` (token ids, one list per row): the
+    first the rows' own, each further one with the third name (the one token where a corrupted
+    prompt differs from its clean prompt) drawn again from the task's single-token names,
+    never a name of the clean prompt or the row's own third name. Under patching a pruned
+    edge carries that name's activations, so the circuit's output, unlike the original's,
+    can depend on which third name was drawn."""
+    import random
+
+    from condense.tasks.words import NAMES, single_tokens
+
+    names = {tokenizer.encode(" " + w, add_special_tokens=False)[0]
+             for w in single_tokens(tokenizer, NAMES)}
+    own = [list(ids) for ids in rows["corrupted_ids"]]
+    sites = []
+    for clean, corrupted in zip(rows["clean_ids"], own):
+        at = [p for p, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
+        if len(at) != 1 or corrupted[at[0]] not in names:
+            raise SystemExit("--counterfactuals draws IOI's third name again; these rows' "
+                             "corrupted prompts do not differ from the clean ones in one name "
+                             "(supported task: ioi)")
+        sites.append(at[0])
+    rng = random.Random(seed)
+    out = [own]
+    for _ in range(draws - 1):
+        drawn = []
+        for clean, corrupted, at in zip(rows["clean_ids"], own, sites):
+            pool = sorted(names - set(clean) - {corrupted[at]})
+            drawn.append(corrupted[:at] + [rng.choice(pool)] + corrupted[at + 1:])
+        out.append(drawn)
+    return out
+
+
+def counterfactual_spread(net, graph, cfg, rows, original, draws, device, batch_size) -> dict:
+    """The circuit against the original under each set of corrupted prompts in `draws` (the
+    first the rows' own): top-1 agreement and KL per draw, the rows whose circuit top-1 token
+    changes with the draw, the rows agreeing under every draw and under at least one, and the
+    agreement and KL of the circuit's next-token distribution averaged over the draws."""
+    from condense.evaluate import dataset_columns
+    from condense.metrics import kl_rows
+
+    cols, _ = dataset_columns(rows)
+    logp = torch.stack([_circuit_logits(net, graph, cfg, cols, d, device, batch_size).log_softmax(-1)
+                        for d in draws])
+    target = original.log_softmax(-1)
+    top = logp.argmax(-1)
+    agree = top == target.argmax(-1)
+    changes = (top != top[0]).any(0)
+    averaged = torch.logsumexp(logp, 0) - torch.log(torch.tensor(float(len(draws))))
+    sure = target.exp().max(-1).values
+    return dict(
+        draws=len(draws),
+        top1_agreement=[float(a.float().mean()) for a in agree],
+        kl=[float(kl_rows(target, x).mean()) for x in logp],
+        rows_changing=int(changes.sum()),
+        original_top1_prob_median_where_changing=float(sure[changes].median()) if changes.any() else None,
+        agree_every_draw=float(agree.all(0).float().mean()),
+        agree_some_draw=float(agree.any(0).float().mean()),
+        averaged_top1_agreement=float((averaged.argmax(-1) == target.argmax(-1)).float().mean()),
+        averaged_kl=float(kl_rows(target, averaged).mean()))
+
+
+def _circuit_logits(net, graph, cfg, cols, corrupted_ids, device, batch_size) -> torch.Tensor:
+    """The circuit's last-position logits on the clean prompts of `cols`, pruned edges ablated
+    as the run ablated them, with `corrupted_ids` (one list per row) as the counterfactuals."""
+    from condense.metrics import pad_batch
+    from condense.patching import run_graph
+
+    n = len(corrupted_ids)
+    out = None
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            idx = list(range(start, min(n, start + batch_size)))
+            clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
+            corrupted, _, _ = pad_batch([list(corrupted_ids[i]) for i in idx])
+            logits = run_graph(net, graph, clean.to(device), corrupted.to(device),
+                               mask.to(device), intervention=cfg.intervention,
+                               logit_positions=(lengths - 1).to(device)).float().cpu()
+            if out is None:
+                out = torch.zeros(n, logits.shape[-1])
+            out[idx] = logits
+    return out
 
 
 def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> dict:
     """The circuit's last-position logits on `rows` against the original's (`original`)."""
     from condense import tasks
     from condense.evaluate import dataset_columns
-    from condense.metrics import kl_rows, logit_diff_stats, pad_batch
-    from condense.patching import run_graph
+    from condense.metrics import kl_rows, logit_diff_stats
 
     cols, n = dataset_columns(rows)
-    circuit = torch.zeros_like(original)
-    with torch.no_grad():
-        for start in range(0, n, batch_size):
-            idx = list(range(start, min(n, start + batch_size)))
-            clean, mask, lengths = pad_batch([list(cols["clean_ids"][i]) for i in idx])
-            corrupted, _, _ = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
-            circuit[idx] = run_graph(net, graph, clean.to(device), corrupted.to(device),
-                                     mask.to(device), intervention=cfg.intervention,
-                                     logit_positions=(lengths - 1).to(device)).float().cpu()
+    circuit = _circuit_logits(net, graph, cfg, cols, cols["corrupted_ids"], device, batch_size)
     answer = torch.tensor([int(a) for a in cols["answer_id"]])
     distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
     p_orig, p_circ = original.softmax(-1), circuit.softmax(-1)
@@ -182,11 +269,17 @@ def main(argv=None):
     ap.add_argument("--top-n", type=_sizes, default=None,
                     help="comma-separated sizes: a frozen scoring run's ranking cut to each "
                          "top-n (then pruned), instead of its smallest faithful circuit")
+    ap.add_argument("--counterfactuals", type=int, default=0, metavar="K",
+                    help="IOI: also measure each circuit under K draws of the corrupted prompts' "
+                         "third name (the first draw the rows' own); at least 2")
     ap.add_argument("--json", help="write every run's numbers and breakdown here")
     args = ap.parse_args(argv)
+    if args.counterfactuals == 1 or args.counterfactuals < 0:
+        ap.error(f"--counterfactuals {args.counterfactuals}: at least 2 draws (0: none)")
     results = []
     for r in (r for run_dir in args.runs
-              for r in breakdown(run_dir, args.n, args.split, args.threads, top_n=args.top_n)):
+              for r in breakdown(run_dir, args.n, args.split, args.threads, top_n=args.top_n,
+                                 counterfactuals=args.counterfactuals)):
         results.append(r)
         conf = r["by_original_confidence"]
         d = r["disagreeing"]
@@ -201,6 +294,15 @@ def main(argv=None):
                         for part, t in r["by_template"].items())
               + f"{d['rows']} disagreements {r['disagreements']}, "
               f"original's top-1 prob there (median) {d['original_top1_prob_median']}")
+        if "counterfactual_draws" in r:
+            c = r["counterfactual_draws"]
+            print(f"  under {c['draws']} draws of the third name: top-1 agreement "
+                  f"{min(c['top1_agreement']):.3f}-{max(c['top1_agreement']):.3f}, KL "
+                  f"{min(c['kl']):.3f}-{max(c['kl']):.3f}; the circuit's top-1 token changes with "
+                  f"the draw on {c['rows_changing']} of {r['n_rows']} rows; agreeing under every "
+                  f"draw {c['agree_every_draw']:.3f}, under some draw {c['agree_some_draw']:.3f}; "
+                  f"averaged over the draws: agreement {c['averaged_top1_agreement']:.3f}, KL "
+                  f"{c['averaged_kl']:.3f}")
     quantized = []
     if args.quantized:
         from condense.runs import read_run
