@@ -55,6 +55,9 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
 
     run = read_run(run_dir, "analyse")
     cfg = run.config
+    if counterfactuals > 1 and cfg.intervention != "patching":
+        raise SystemExit(f"{run_dir}: --counterfactuals draws the corrupted prompts again, but this "
+                         f"run ablates by {cfg.intervention!r}: its pruned edges never carry them")
     net, tokenizer, device = run.load_model(threads=threads)
     rows = tasks.load_task(cfg.task, tokenizer, split, n=n, seed=cfg.seed)
     draws = redrawn_counterfactuals(rows, tokenizer, counterfactuals) if counterfactuals > 1 else None
@@ -62,9 +65,12 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
     if top_n and run.adapter:
         raise SystemExit(f"{run_dir}: --top-n re-ranks a frozen scoring run's scores; this run "
                          "has an adapter, and its circuit is what condensation kept")
+    # under mean ablation a pruned edge carries the run's own sender means (the original's)
+    means = run.means(net, graph, tokenizer) if cfg.intervention == "mean" else None
     # a frozen circuit (a scoring run: no adapter) is compared with the model itself
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():
-        original = reference_outputs(net, graph, rows, cfg.intervention, batch_size).full_logits
+        original = reference_outputs(net, graph, rows, cfg.intervention, batch_size,
+                                     means=means).full_logits
     total = int(graph.valid.sum())
     if top_n and max(top_n) > total:
         raise SystemExit(f"--top-n {max(top_n)}: the graph has {total} edges (sizes 0 to {total})")
@@ -72,7 +78,7 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
         if k is not None:  # the same ranking at another size, pruned as the search prunes
             pruned_topn(graph, k, cfg.absolute_scores)
         result = dict(n_requested=k, **_compare(net, graph, cfg, tokenizer, rows, original, device,
-                                                batch_size),
+                                                batch_size, means),
                       run_dir=run_dir, split=split)
         if draws:
             result["counterfactual_draws"] = counterfactual_spread(
@@ -142,7 +148,8 @@ def counterfactual_spread(net, graph, cfg, rows, original, draws, device, batch_
         averaged_kl=float(kl_rows(target, averaged).mean()))
 
 
-def _circuit_logits(net, graph, cfg, cols, corrupted_ids, device, batch_size) -> torch.Tensor:
+def _circuit_logits(net, graph, cfg, cols, corrupted_ids, device, batch_size,
+                    means=None) -> torch.Tensor:
     """The circuit's last-position logits on the clean prompts of `cols`, pruned edges ablated
     as the run ablated them, with `corrupted_ids` (one list per row) as the counterfactuals."""
     from condense.metrics import pad_batch
@@ -157,21 +164,21 @@ def _circuit_logits(net, graph, cfg, cols, corrupted_ids, device, batch_size) ->
             corrupted, _, _ = pad_batch([list(corrupted_ids[i]) for i in idx])
             logits = run_graph(net, graph, clean.to(device), corrupted.to(device),
                                mask.to(device), intervention=cfg.intervention,
-                               logit_positions=(lengths - 1).to(device)).float().cpu()
+                               logit_positions=(lengths - 1).to(device), means=means).float().cpu()
             if out is None:
                 out = torch.zeros(n, logits.shape[-1])
             out[idx] = logits
     return out
 
 
-def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size) -> dict:
+def _compare(net, graph, cfg, tokenizer, rows, original, device, batch_size, means=None) -> dict:
     """The circuit's last-position logits on `rows` against the original's (`original`)."""
     from condense import tasks
     from condense.evaluate import dataset_columns
     from condense.metrics import kl_rows, logit_diff_stats
 
     cols, n = dataset_columns(rows)
-    circuit = _circuit_logits(net, graph, cfg, cols, cols["corrupted_ids"], device, batch_size)
+    circuit = _circuit_logits(net, graph, cfg, cols, cols["corrupted_ids"], device, batch_size, means)
     answer = torch.tensor([int(a) for a in cols["answer_id"]])
     distractor = torch.tensor([int(d) for d in cols["distractor_id"]])
     p_orig, p_circ = original.softmax(-1), circuit.softmax(-1)

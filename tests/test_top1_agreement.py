@@ -73,3 +73,23 @@ def test_counterfactual_draws_need_ioi(top1_agreement):
     rows = tasks.load_task("induction", tok, "test", n=8)
     with pytest.raises(SystemExit, match="supported task: ioi"):
         top1_agreement.redrawn_counterfactuals(rows, tok, 2)
+
+
+def test_a_mean_ablation_run(tmp_path, top1_agreement):
+    """A run that ablated by the mean is measured with its own means: the breakdown repeats the
+    run's test numbers. Drawing counterfactuals again is refused there, since its pruned edges
+    never carry a corrupted prompt."""
+    from condense.runs import load_config, run
+
+    out = str(tmp_path / "eap_ig_mean")
+    run(load_config("recipes/eap_ig/organism.yaml",
+                    [f"output_dir={out}", "n_train=32", "n_val=32", "n_test=64", "threads=1",
+                     "intervention=mean"]))
+    with open(f"{out}/metrics.json") as f:
+        m = json.load(f)
+    (own,) = top1_agreement.breakdown(out, n=64)
+    assert own["edges"] == m["edges"]
+    assert own["accuracy"] == pytest.approx(m["accuracy"])
+    assert own["kl"] == pytest.approx(m["kl"], rel=1e-3, abs=1e-5)
+    with pytest.raises(SystemExit, match="ablates by 'mean'"):
+        next(top1_agreement.breakdown(out, n=64, counterfactuals=2))
