@@ -30,10 +30,13 @@ def score(run_dir: str, quantization, n: int, threads: int) -> dict:
     cfg = run.config
     rows = tasks.load_task(cfg.task, tok, "test", n=n, seed=cfg.seed)
     full = Graph.from_model(net)
+    # under mean ablation removed edges carry the original's means over the run's train rows,
+    # computed over this base, as a run healed on it would have computed them
+    means = run.means(net, full, tok) if cfg.intervention == "mean" else None
     with net.disable_adapter():
-        original = reference_outputs(net, full, rows, cfg.intervention, cfg.batch_size)
+        original = reference_outputs(net, full, rows, cfg.intervention, cfg.batch_size, means=means)
     circuit = run.circuit(net)
-    m = circuit_metrics(net, circuit, rows, original, cfg)
+    m = circuit_metrics(net, circuit, rows, original, cfg, means=means)
     keys = ("accuracy", "accuracy_full", "logit_diff", "faithfulness", "kl", "top1_agreement")
     return dict(run=run_dir, base=quantization or "none", healed_on=cfg.quantization or "none",
                 edges=circuit.count_edges(on_path=True), n=n, seconds=time.perf_counter() - begin,
