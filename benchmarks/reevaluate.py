@@ -33,15 +33,18 @@ def reevaluate(run_dir: str, threads: int = 1) -> dict:
     net, tokenizer, _ = run.load_model(threads=threads)
     rows = tasks.load_task(cfg.task, tokenizer, "test", n=cfg.n_test, seed=cfg.seed)
     circuit = run.circuit(net)
+    # under mean ablation removed edges carry the run's own means (the original's, for condense)
+    means = run.means(net, circuit, tokenizer) if cfg.intervention == "mean" else None
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():  # the original
-        original = reference_outputs(net, circuit, rows, cfg.intervention, cfg.batch_size)
-    now = circuit_metrics(net, circuit, rows, original, cfg)
+        original = reference_outputs(net, circuit, rows, cfg.intervention, cfg.batch_size,
+                                     means=means)
+    now = circuit_metrics(net, circuit, rows, original, cfg, means=means)
     now["accuracy_original"] = now["accuracy_full"]
     if cfg.method != "condense":  # a frozen-model search: also the val rows that chose it
         from condense.evaluate import evaluate
         val = tasks.load_task(cfg.task, tokenizer, "val", n=cfg.n_val, seed=cfg.seed)
         now["faithfulness_val"] = evaluate(net, circuit, val, cfg.intervention,
-                                           cfg.batch_size)["faithfulness"]
+                                           cfg.batch_size, means=means)["faithfulness"]
     with open(os.path.join(run_dir, "metrics.json")) as f:
         recorded = json.load(f)
     out = dict(run=run_dir, task=cfg.task, edges=circuit.count_edges(), rows=len(rows),

@@ -104,6 +104,11 @@ def top1_agreement():
 
 
 @pytest.fixture(scope="session")
+def reevaluate_bench():
+    return _benchmark("reevaluate")
+
+
+@pytest.fixture(scope="session")
 def s3martcirc_bench():
     return _benchmark("s3martcirc")
 

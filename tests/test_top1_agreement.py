@@ -75,10 +75,10 @@ def test_counterfactual_draws_need_ioi(top1_agreement):
         top1_agreement.redrawn_counterfactuals(rows, tok, 2)
 
 
-def test_a_mean_ablation_run(tmp_path, top1_agreement):
-    """A run that ablated by the mean is measured with its own means: the breakdown repeats the
-    run's test numbers. Drawing counterfactuals again is refused there, since its pruned edges
-    never carry a corrupted prompt."""
+def test_a_mean_ablation_run(tmp_path, top1_agreement, reevaluate_bench):
+    """A run that ablated by the mean is measured with its own means: the breakdown and
+    benchmarks/reevaluate.py repeat the run's test numbers. Drawing counterfactuals again is
+    refused there, since its pruned edges never carry a corrupted prompt."""
     from condense.runs import load_config, run
 
     out = str(tmp_path / "eap_ig_mean")
@@ -93,3 +93,6 @@ def test_a_mean_ablation_run(tmp_path, top1_agreement):
     assert own["kl"] == pytest.approx(m["kl"], rel=1e-3, abs=1e-5)
     with pytest.raises(SystemExit, match="ablates by 'mean'"):
         next(top1_agreement.breakdown(out, n=64, counterfactuals=2))
+    again = reevaluate_bench.reevaluate(out)
+    for key in ("accuracy", "faithfulness", "faithfulness_val", "kl"):
+        assert again[f"{key}_change"] == pytest.approx(0, abs=1e-5), key
