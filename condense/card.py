@@ -470,5 +470,6 @@ def main(argv=None):
                ablation_rows=args.ablation_rows, threads=args.threads)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m condense.card is `condense card`
+    from condense.cli import module_entry
+    module_entry("card")

@@ -116,5 +116,12 @@ def entry():
     sys.exit(result if isinstance(result, int) else 0)
 
 
+def module_entry(command: str) -> None:
+    """`python -m condense.<module> ...` as `condense <command> ...`: the same one-line errors
+    for a user's mistake, and Ctrl-C saying how to go on."""
+    sys.argv.insert(1, command)
+    entry()
+
+
 if __name__ == "__main__":
     entry()

@@ -487,5 +487,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m condense.report is `condense report`
+    from condense.cli import module_entry
+    module_entry("report")

@@ -173,6 +173,23 @@ def test_user_errors_end_in_one_line(tmp_path):
         assert "Traceback" not in proc.stderr
 
 
+
+def test_module_forms_end_in_one_line_too(tmp_path):
+    """`python -m condense.verify` (and the other module forms the README names) are the
+    subcommands: a user's mistake is the same one line, not a traceback."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled")
+    for module, args, words in (("condense.verify", [str(tmp_path)], "no circuit.json to verify"),
+                                ("condense.explain", [str(tmp_path)], "no circuit.json to explain"),
+                                ("condense.verify.run", [str(tmp_path)], "no circuit.json to verify"),
+                                ("condense.organism", ["--recipe", str(tmp_path / "nope.yaml")],
+                                 "no such recipe file")):
+        proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 1, (module, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], proc.stderr
+
+
 def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     from condense import cli as cli_module
 

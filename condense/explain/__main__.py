@@ -1,5 +1,4 @@
-import sys
+"""`python -m condense.explain` is `condense explain`."""
+from condense.cli import module_entry
 
-from condense.explain.run import main
-
-sys.exit(main())
+module_entry("explain")

@@ -30,7 +30,6 @@ import argparse
 import importlib
 import json
 import os
-import sys
 import time
 from typing import Callable, Optional
 
@@ -489,5 +488,6 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m condense.explain.run is `condense explain`
+    from condense.cli import module_entry
+    module_entry("explain")

@@ -1,3 +1,4 @@
-from condense.organism.train import main
+"""`python -m condense.organism` is `condense organism`."""
+from condense.cli import module_entry
 
-main()
+module_entry("organism")

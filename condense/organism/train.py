@@ -273,5 +273,6 @@ def main(argv=None):
             os.rmdir(os.path.dirname(state))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m condense.organism.train is `condense organism`
+    from condense.cli import module_entry
+    module_entry("organism")

@@ -1,5 +1,4 @@
-import sys
+"""`python -m condense.verify` is `condense verify`."""
+from condense.cli import module_entry
 
-from condense.verify.run import main
-
-sys.exit(main())
+module_entry("verify")

@@ -447,5 +447,6 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m condense.verify.run is `condense verify`
+    from condense.cli import module_entry
+    module_entry("verify")
