@@ -109,9 +109,9 @@ def test_progress_counts_each_pass_from_its_own_start():
     show(10, 200)    # pass 2: 10 in the 1 s since pass 1 ended, not since construction
     show(20, 200)
     lines = out.getvalue().splitlines()
-    assert lines[0].endswith("(50.0 %), 0/s, 100s left")
-    assert lines[2].endswith("(5.0 %), 10/s, 19s left")
-    assert lines[3].endswith("(10.0 %), 10/s, 18s left")
+    assert lines[0].endswith("(50.0 %), 0/s, 100s left in this pass")
+    assert lines[2].endswith("(5.0 %), 10/s, 19s left in this pass")
+    assert lines[3].endswith("(10.0 %), 10/s, 18s left in this pass")
 
 
 def test_report_summary_puts_the_reductions_after_the_verdict_and_before_the_pairs():

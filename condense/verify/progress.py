@@ -24,4 +24,4 @@ class Progress:
         rate = done / max(now - self.start, 1e-9)
         eta = (total - done) / rate if rate > 0 else float("inf")
         print(f"{self.label}: {done}/{total} subset x prompt ({100 * done / total:.1f} %), "
-              f"{rate:,.0f}/s, {eta:,.0f}s left", file=self.stream, flush=True)
+              f"{rate:,.0f}/s, {eta:,.0f}s left in this pass", file=self.stream, flush=True)
