@@ -32,7 +32,7 @@ def score(run_dir: str, quantization, n: int, threads: int) -> dict:
     full = Graph.from_model(net)
     # under mean ablation removed edges carry the original's means over the run's train rows,
     # computed over this base, as a run healed on it would have computed them
-    means = run.means(net, full, tok) if cfg.intervention == "mean" else None
+    means = run.means(net, full, tok)
     with net.disable_adapter():
         original = reference_outputs(net, full, rows, cfg.intervention, cfg.batch_size, means=means)
     circuit = run.circuit(net)

@@ -34,7 +34,7 @@ def reevaluate(run_dir: str, threads: int = 1) -> dict:
     rows = tasks.load_task(cfg.task, tokenizer, "test", n=cfg.n_test, seed=cfg.seed)
     circuit = run.circuit(net)
     # under mean ablation removed edges carry the run's own means (the original's, for condense)
-    means = run.means(net, circuit, tokenizer) if cfg.intervention == "mean" else None
+    means = run.means(net, circuit, tokenizer)
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():  # the original
         original = reference_outputs(net, circuit, rows, cfg.intervention, cfg.batch_size,
                                      means=means)

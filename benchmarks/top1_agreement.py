@@ -66,7 +66,7 @@ def breakdown(run_dir: str, n: int = 200, split: str = "test", threads: int = 1,
         raise SystemExit(f"{run_dir}: --top-n re-ranks a frozen scoring run's scores; this run "
                          "has an adapter, and its circuit is what condensation kept")
     # under mean ablation a pruned edge carries the run's own sender means (the original's)
-    means = run.means(net, graph, tokenizer) if cfg.intervention == "mean" else None
+    means = run.means(net, graph, tokenizer)
     # a frozen circuit (a scoring run: no adapter) is compared with the model itself
     with net.disable_adapter() if run.adapter else contextlib.nullcontext():
         original = reference_outputs(net, graph, rows, cfg.intervention, batch_size,

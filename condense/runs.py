@@ -313,16 +313,20 @@ class RunFolder:
     def circuit(self, model) -> Graph:
         return Graph.from_json(self.circuit_path, model)
 
-    def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None):
+    def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None,
+              intervention: Optional[str] = None):
         """What a removed edge carried in this run under mean ablation: the sender means over
         the task's train prompts (the run's rows, seed and batch size, whose summation order
         the means' last bits depend on), as open_run computes them, and for a condensation run
-        with the adapter off (the loop's means are the original model's)."""
+        with the adapter off (the loop's means are the original model's). None when the
+        intervention (the run's unless given) is not mean ablation: nothing to carry."""
         from contextlib import nullcontext
 
         from condense import tasks
         from condense.means import compute_means
         cfg = self.config
+        if (intervention or cfg.intervention) != "mean":
+            return None
         train = tasks.load_task(task or cfg.task, tokenizer, "train", n=cfg.n_train, seed=cfg.seed)
         original = cfg.method == "condense" and self.adapter
         with net.disable_adapter() if original else nullcontext():

@@ -378,8 +378,7 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
         return tok.decode(list(ids))
     rows = tasks.load_task(task, tok, split, n=n_task, seed=seed) if task else None
     # neuron attribution ablates as the run did: under mean ablation with the run's own means
-    means = (run.means(net, graph, tok, task)
-             if intervention == "mean" and rows is not None else None)
+    means = run.means(net, graph, tok, task) if rows is not None else None
     pool = None
     if circuitlens:
         seqs, sources = [], []

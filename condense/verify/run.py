@@ -305,7 +305,7 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     quantization = cfg.quantization if quantization == "as run" else quantization
     rows = tasks.load_task(task, tokenizer, split, n=n, seed=seed)
     graph = run.circuit(net)
-    means = run.means(net, graph, tokenizer, task) if intervention == "mean" else None
+    means = run.means(net, graph, tokenizer, task, intervention)
     reference_logits, reference = None, "full model"
     if cfg.method == "condense" and adapter:
         # the gate judged the circuit against the original model (adapter off): so does verify
