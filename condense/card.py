@@ -19,7 +19,6 @@ import os
 import shlex
 import sys
 import time
-from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
@@ -28,6 +27,7 @@ from . import tasks
 from .artifacts import atomic_write, write_json
 from .runtime import apply_thread_policy
 from .metrics import last_logits, pad_batch, perplexity, task_scores
+from .node_ablation import LayerCache, head_means, head_means_ablated, resumes_exactly  # noqa: F401
 from .models import NAMED_MODELS, load_model, load_tokenizer
 from .tasks import words as W
 
@@ -40,114 +40,7 @@ def _log(msg):
     print(f"[card] {msg}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------- heads and their means
-def _blocks(model):
-    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
-
-
-def _out_proj(block):
-    return block.attn.c_proj if hasattr(block, "attn") else block.self_attn.o_proj
-
-
-def _final_norm(model):
-    base = model.base_model
-    for name in ("norm", "ln_f", "final_layernorm"):
-        if isinstance(getattr(base, name, None), torch.nn.Module):
-            return getattr(base, name)
-    return None
-
-
-@contextmanager
-def head_means_ablated(model, head_means, heads):
-    """Replace the per-head input of the output projection (the head's z) by its mean,
-    for each (layer, head) in `heads`: a mean ablation of those heads."""
-    n_head = model.config.num_attention_heads
-    hooks = []
-    for layer, block in enumerate(_blocks(model)):
-        hs = [h for (l, h) in heads if l == layer]
-        if not hs:
-            continue
-
-        def pre(mod, args, hs=hs, layer=layer):
-            z = args[0].clone()
-            d = z.shape[-1] // n_head
-            for h in hs:
-                z[..., h * d:(h + 1) * d] = head_means[layer, h]
-            return (z,) + args[1:]
-        hooks.append(_out_proj(block).register_forward_pre_hook(pre))
-    try:
-        yield
-    finally:
-        for hk in hooks:
-            hk.remove()
-
-
-@torch.no_grad()
-def head_means(model, seqs):
-    """Mean of each head's z over every position of `seqs`: [layers, heads, head_dim]."""
-    n_head = model.config.num_attention_heads
-    sums, count, hooks = {}, [0], []
-    for layer, block in enumerate(_blocks(model)):
-        def pre(mod, args, layer=layer):
-            z = args[0]
-            sums[layer] = sums.get(layer, 0) + z.reshape(-1, n_head, z.shape[-1] // n_head).sum(0)
-            if layer == 0:
-                count[0] += z.shape[0] * z.shape[1]
-        hooks.append(_out_proj(block).register_forward_pre_hook(pre))
-    device = next(model.parameters()).device
-    try:
-        for s in seqs:  # one at a time: no padding enters the mean
-            model(input_ids=torch.tensor([s], device=device))
-    finally:
-        for hk in hooks:
-            hk.remove()
-    return torch.stack([sums[l] for l in range(len(sums))]) / count[0]
-
-
 # ---------------------------------------------------------------- per-head ablation
-class _LayerCache:
-    """One clean forward of a padded batch that keeps every block's call (its input
-    hidden state and the other arguments: masks, position embeddings), so that a forward
-    can be resumed at any layer."""
-
-    @torch.no_grad()
-    def __init__(self, model, ids, mask, lengths):
-        self.model, self.blocks, self.lengths = model, _blocks(model), lengths
-        self.calls = [None] * len(self.blocks)
-
-        def keep(mod, args, kwargs, i):
-            args = tuple(a.clone() if i_a == 0 and torch.is_tensor(a) else a
-                         for i_a, a in enumerate(args))
-            kwargs = dict(kwargs)
-            if not args:
-                kwargs["hidden_states"] = kwargs["hidden_states"].clone()
-            self.calls[i] = (args, kwargs)
-        hooks = [b.register_forward_pre_hook(lambda m, a, k, i=i: keep(m, a, k, i),
-                                             with_kwargs=True)
-                 for i, b in enumerate(self.blocks)]
-        try:
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        finally:
-            for hk in hooks:
-                hk.remove()
-        self.last = logits[torch.arange(len(lengths)), lengths - 1].float()
-
-    @torch.no_grad()
-    def resume(self, layer):
-        """Last-position logits of a forward that starts at block `layer` (whose input
-        is the cached one); hooks on blocks >= `layer` act as in a full forward."""
-        args, kwargs = self.calls[layer]
-        h = args[0] if args else kwargs["hidden_states"]
-        for i in range(layer, len(self.blocks)):
-            args, kwargs = self.calls[i]
-            out = (self.blocks[i](h, *args[1:], **kwargs) if args
-                   else self.blocks[i](**dict(kwargs, hidden_states=h)))
-            h = out[0] if isinstance(out, (tuple, list)) else out
-        h = h[torch.arange(len(self.lengths)), self.lengths - 1]
-        h = _final_norm(self.model)(h)
-        return self.model.get_output_embeddings()(h).float()
-
-
 def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=None, on_update=None):
     """Per-row LD of `rows` with each head alone mean-ablated: returns the clean per-row
     LD [N] and the ablated one [layers, heads, N].
@@ -172,8 +65,6 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=Non
     if memo.get("base") is None:
         memo["base"] = ld(last_logits(model, seqs), torch.arange(len(seqs)))
     base = memo["base"]
-    if resume and _final_norm(model) is None:
-        resume = False
     device = next(model.parameters()).device
     ablated = memo.setdefault("ablated", torch.zeros(L, H, len(seqs)))
     layers_done = memo.setdefault("layers_done", {})
@@ -189,14 +80,9 @@ def head_ablation_drops(model, rows, means, batch_size=64, resume=True, memo=Non
         ids, mask, lengths = pad_batch([seqs[i] for i in batch])
         ids, mask = ids.to(device), mask.to(device)
         if resume:
-            cache = _LayerCache(model, ids, mask, lengths.to(device))
-            full = cache.last.cpu()
-            with head_means_ablated(model, means, [(L - 1, 0)]):
-                full_abl = last_logits(model, [seqs[i] for i in batch], batch_size=len(batch))
-                res_abl = cache.resume(L - 1).cpu()
-            tol = 1e-4 * max(1.0, full.abs().max().item())
-            if ((cache.resume(0).cpu() - full).abs().max() > tol
-                    or (res_abl - full_abl).abs().max() > tol):
+            cache = LayerCache(model, ids, mask, lengths.to(device))
+            if not resumes_exactly(model, cache, [seqs[i] for i in batch],
+                                   lambda: head_means_ablated(model, means, [(L - 1, 0)])):
                 _log("resumed forwards do not match full ones for this model: "
                      "running full forwards")
                 resume = False

@@ -5,6 +5,7 @@
     condense explain RUN [options]                 WeightLens and CircuitLens for its nodes
     condense report RUN [--edges N]                one self-contained HTML page for a run
     condense card MODEL [options]                  a model card (tasks, perplexity, IOI heads)
+    condense fidelity RUN [options]                how much of a run's circuit the original carries
     condense organism [--recipe R] [key=value]     train the model organism
     condense methods                               the registered methods
 
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
     "explain": ("condense.explain.run", "WeightLens and CircuitLens for a run's nodes"),
     "report": ("condense.report", "a run folder's self-contained report.html"),
     "card": ("condense.card", "a model card: task accuracy, perplexity, where IOI lives"),
+    "fidelity": ("condense.fidelity_command", "the fidelity card: how much of a circuit the original carries"),
     "organism": ("condense.organism.train", "train the model organism from a recipe"),
 }
 
@@ -69,7 +71,7 @@ def main(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["run", *SUBCOMMANDS, "methods"],
-                    help="run | verify | explain | report | card | organism | methods")
+                    help="run | verify | explain | report | card | fidelity | organism | methods")
     if not argv or argv[0] in ("-h", "--help"):
         ap.print_help()
         return 0

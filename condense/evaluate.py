@@ -166,5 +166,6 @@ def evaluate(model: torch.nn.Module, graph, dataset, intervention: str = "patchi
         logit_diff_empty=ld_empty.mean().item(), accuracy_empty=(ld_empty > 0).float().mean().item(),
         n=n)
     if per_row:
-        out["per_row"] = dict(logit_diff=ld, logit_diff_full=ld_full, logit_diff_empty=ld_empty, kl=kl)
+        out["per_row"] = dict(logit_diff=ld, logit_diff_full=ld_full, logit_diff_empty=ld_empty, kl=kl,
+                              top1=top1, top1_agreement=agree)
     return out

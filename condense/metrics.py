@@ -79,6 +79,21 @@ def task_scores(model, rows, batch_size=64, forward=None):
 
 
 @torch.no_grad()
+def block_losses(model, blocks, batch_size=16) -> torch.Tensor:
+    """Mean next-token cross-entropy of each block of ids [N] (float64), in eval mode: what a
+    perplexity averages, kept per block so that a ratio of two models' perplexities on the same
+    blocks can carry a bootstrap interval over blocks (condense.intervals)."""
+    device = next(model.parameters()).device
+    out = []
+    with eval_mode(model):
+        for start in range(0, len(blocks), batch_size):
+            ids = torch.as_tensor(blocks[start:start + batch_size], device=device)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            out.append(loss.double().mean(-1).cpu())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
 @torch.no_grad()
 def perplexity(model, blocks, batch_size=16):
     """exp(mean next-token cross-entropy) over equal-length blocks of ids, in eval mode."""

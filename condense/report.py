@@ -133,7 +133,8 @@ def collect(run_dir: str) -> dict:
     metrics = _read_json(join("metrics.json")) or {}
     verify = _read_json(join("verify.json"))
     explain = _read_json(join("explain.json"))
-    return dict(
+    fidelity = _read_json(join("fidelity.json"))
+    return dict(fidelity=fidelity,
         name=os.path.basename(os.path.normpath(run_dir)), recipe_text=recipe_text, recipe=recipe,
         metrics=metrics, circuit=circuit, circuit_file=os.path.basename(path) if path else None,
         rounds=_read_jsonl(join("rounds.jsonl")), training=_read_jsonl(join("training.jsonl")),
@@ -397,6 +398,61 @@ def _asset(name: str) -> str:
         return f.read()
 
 
+def _rate(entry) -> str:
+    """A rate with its 95 % interval ('0.905 [0.857, 0.938]'), or a plain value."""
+    if entry is None:
+        return "–"
+    if isinstance(entry, dict) and "interval" in entry:
+        low, high = entry["interval"]
+        return f"{_fmt(entry['value'])} [{_fmt(low)}, {_fmt(high)}]"
+    return _fmt(entry)
+
+
+def fidelity_section(card: Optional[dict]) -> str:
+    """The fidelity card (condense.fidelity): how much of the circuit the original carries."""
+    if not card:
+        return ("<p>No fidelity.json: <code>condense fidelity RUN</code> measures how much of this "
+                "circuit the original model carries.</p>")
+    s = card.get("summary", {})
+    rows = [
+        ("rows (test; where the original errs)", f"{s.get('rows', '–')}; "
+         f"{(card.get('distribution') or {}).get('original_errors', {}).get('rows', '–')}"),
+        ("choice agreement with the original", _rate(s.get("choice_agreement"))),
+        ("top-1 agreement with the original", _rate(s.get("top1_agreement"))),
+        ("KL to the original", _rate(s.get("kl"))),
+        ("original's errors the circuit repeats", _rate(s.get("errors_repeated"))),
+        ("paraphrases: accuracy (original)", f"{_rate(s.get('paraphrase_accuracy'))} "
+         f"({_rate(s.get('paraphrase_accuracy_original'))})"),
+        ("adapter off: faithfulness", _rate(s.get("adapter_off_faithfulness"))),
+        ("adapter off: accuracy", _rate(s.get("adapter_off_accuracy"))),
+        ("frozen completion (edges; ranked edges added)",
+         f"{_fmt(s.get('completion_edges'))}; {_fmt(s.get('completion_added'))}"),
+        ("circuit heads among the original's top heads",
+         _fmt((s.get("circuit_heads_in_top") or {}).get("share"))),
+        ("share of the adapter's change on circuit nodes", _fmt(s.get("adapter_circuit_share"))),
+        ("full model: worst task (accuracy drop)",
+         f"{_fmt(s.get('full_model_worst_task'))} ({_fmt(s.get('full_model_max_drop'))})"),
+        ("full model: second-source perplexity ratio (gate's)",
+         f"{_rate(s.get('text_ppl_ratio'))} ({_fmt(s.get('gate_ppl_ratio'))})"),
+    ]
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    flags = card.get("flags") or []
+    flagged = ("<ul class='flags'>" + "".join(f"<li>{html.escape(f)}</li>" for f in flags) + "</ul>"
+               if flags else "<p>No flags.</p>")
+    tasks_rows = ""
+    fm = card.get("full_model") or {}
+    for task, v in (fm.get("tasks") or {}).items():
+        if "accuracy" in v:
+            tasks_rows += (f"<tr><th>{html.escape(task)}</th><td>{_rate(v['accuracy'])}</td>"
+                           f"<td>{_rate(v['accuracy_original'])}</td><td>{_rate(v['kl'])}</td>"
+                           f"<td>{'broken' if v['broken'] else ''}</td></tr>")
+    tasks_table = (f"<table class='metrics'><tr><th>task</th><th>healed full model</th><th>original</th>"
+                   f"<th>KL</th><th></th></tr>{tasks_rows}</table>" if tasks_rows else "")
+    return (f"<table class='metrics' id='fidelity'>{table}</table>{flagged}{tasks_table}"
+            "<p>Every rate with its 95 % interval (Wilson for proportions, bootstrap over rows "
+            "otherwise); docs/fidelity.md says how each is measured.</p>")
+
+
 def render(data: dict, shown_edges: int = DEFAULT_SHOWN_EDGES) -> str:
     """The page for `data` (collect's)."""
     m, c = data["metrics"], data["circuit"]
@@ -438,6 +494,8 @@ def render(data: dict, shown_edges: int = DEFAULT_SHOWN_EDGES) -> str:
     charts = [rounds_chart(data["rounds"]), training_chart(data["training"]), faithfulness_chart(m)]
     if any(charts):
         sections += ["<h2>Curves</h2>"] + [ch for ch in charts if ch]
+    if data.get("fidelity") or m.get("method") == "condense":
+        sections += ["<h2>Fidelity to the original</h2>", fidelity_section(data.get("fidelity"))]
     sections += ["<h2>Verification</h2>", verify_summary(data["verify"])]
     if data["verify"]:
         sections += [subset_histogram(data["verify"]), pair_heatmap(data["verify"])]

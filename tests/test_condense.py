@@ -28,7 +28,8 @@ def _recipe(tmp_path, model, **over):
     data = dict(method="condense", model=model, task="ioi", n_train=8, n_val=8, n_test=8,
                 ig_steps=1, batch_size=8, heal_steps=3, heal_batch_size=4, heal_lr=1e-3,
                 lora_rank=2, lora_alpha=4, n_general=2, max_rounds=3, threads=1,
-                gate_accuracy_tol=1.0, gate_empty_fails=False, gate_ppl_ratio=10.0, report_to="none")
+                gate_accuracy_tol=1.0, gate_empty_fails=False, gate_ppl_ratio=10.0, report_to="none",
+                fidelity=False)  # the card has its own tests (test_fidelity.py)
     data.update(over)
     path = tmp_path / "recipe.yaml"
     import yaml
@@ -60,7 +61,7 @@ def _edges(out):
 def full_run(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("full")
     out = str(tmp / "out")
-    metrics = _run(_recipe(tmp, tiny_model), f"output_dir={out}")
+    metrics = _run(_recipe(tmp, tiny_model, fidelity=True), f"output_dir={out}")
     return out, metrics
 
 

@@ -141,7 +141,7 @@ def _organism_recipe(folder, **over):
     keys = dict(method="condense", model=ORGANISM, task="ioi", n_train=16, n_val=16, n_test=16,
                 ig_steps=1, batch_size=16, heal_steps=4, heal_batch_size=8, lora_rank=2,
                 n_general=4, threads=1, gate_accuracy_tol=1.0, gate_empty_fails=False, gate_ppl_ratio=10.0,
-                quantization="4bit", report_to="none")
+                quantization="4bit", report_to="none", fidelity=False)
     keys.update(over)
     return write_recipe(folder, **keys)
 

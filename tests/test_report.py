@@ -156,7 +156,7 @@ def test_report_of_an_organism_condensation_with_verify_and_explain(tmp_path):
                           task="ioi", n_train=16, n_val=16, n_test=16, ig_steps=1, batch_size=16,
                           heal_steps=4, heal_batch_size=8, lora_rank=2, n_general=4, threads=1,
                           gate_accuracy_tol=1.0, gate_empty_fails=False, gate_ppl_ratio=10.0,
-                          max_rounds=12, report_to="none")
+                          max_rounds=12, report_to="none", fidelity=False)
     run(load_config(recipe, [f"output_dir={out}"]))
     page = os.path.join(out, "report.html")
     dom, console = render(page, tmp_path)

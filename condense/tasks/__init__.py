@@ -16,6 +16,7 @@ from datasets import Dataset
 
 from . import words as W
 from .generators import GENERATORS, IOI_HELDOUT, IOI_TEMPLATES, Sample, ioi_from  # noqa: F401
+from .paraphrases import PARAPHRASES
 
 TASKS = tuple(GENERATORS)
 SPLITS = ("train", "val", "test")
@@ -95,16 +96,22 @@ def _template_generator(name, templates):
     return ioi_from(templates)
 
 
-def iter_samples(name, tokenizer, split="train", seed=0, templates=None):
+def iter_samples(name, tokenizer, split="train", seed=0, templates=None, paraphrase=False):
     """An endless stream of `Sample`s of task `name` whose prompts belong to `split` (IOI's
-    from `templates` instead of its own, where given)."""
+    from `templates` instead of its own, where given). `paraphrase`: from the paraphrase set
+    instead (tasks/paraphrases.py), in no split: its forms are none of the generators', so
+    its prompts are in none of the splits."""
     _check_name(name, TASKS, "task")
     _check_name(split, SPLITS, "split")
-    gen = GENERATORS[name] if templates is None else _template_generator(name, templates)
-    P, rng = word_pools(tokenizer), _rng(name, split, seed)
+    if paraphrase:
+        gen, rng = PARAPHRASES[name], _rng(f"{name}/paraphrase", split, seed)
+    else:
+        gen = GENERATORS[name] if templates is None else _template_generator(name, templates)
+        rng = _rng(name, split, seed)
+    P = word_pools(tokenizer)
     while True:
         s = gen(rng, split, P)
-        if split_of(s.clean) == split:  # held-out templates are only drawn for test
+        if paraphrase or split_of(s.clean) == split:  # held-out templates only in test
             yield s
 
 
@@ -140,7 +147,7 @@ def _row(tokenizer, s, prefix=()):
 
 
 def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int = 0,
-              templates: list | None = None) -> Dataset:
+              templates: list | None = None, paraphrase: bool = False) -> Dataset:
     """`n` distinct rows of task `name` (one of TASKS) from `split`, as a `datasets.Dataset`.
 
     `templates` (IOI only) replaces IOI's template list, every template in every split: heal
@@ -157,7 +164,7 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
         raise TaskError(f"task {name!r}: n must be >= 1, got {n}")
     rows, seen, tries, fits, stale = [], set(), 0, 0, 0
     prefix = prompt_prefix(tokenizer)
-    for s in iter_samples(name, tokenizer, split, seed, templates):
+    for s in iter_samples(name, tokenizer, split, seed, templates, paraphrase):
         tries += 1
         if stale >= STALE:
             raise TaskError(f"task {name!r}, split {split!r}: asked for {n} rows, but it holds "
@@ -178,6 +185,13 @@ def load_task(name: str, tokenizer, split: str = "test", n: int = 500, seed: int
             if len(rows) == n:
                 break
     return Dataset.from_list(rows)
+
+
+def load_paraphrases(name: str, tokenizer, n: int = 200, seed: int = 0) -> Dataset:
+    """`n` distinct rows of task `name` from its paraphrase set (tasks/paraphrases.py): surface
+    forms the task's generator never produces, for measuring how a circuit does on prompts it
+    never saw. Nothing ranks, heals or gates on them."""
+    return load_task(name, tokenizer, "test", n=n, seed=seed, paraphrase=True)
 
 
 def template_parts(rows):
@@ -219,3 +233,52 @@ def general_text(tokenizer, split="test", block_size=128):
     blocks = [prefix + ids[i:i + step] for i in range(0, len(ids) - step + 1, step)]
     return Dataset.from_dict(dict(input_ids=blocks,
                                   text=[tokenizer.decode(b) for b in blocks]))
+
+
+# ---------------------------------------------------------------- a second source of text
+# English that no heal trains on and that is not documentation: the licence texts every Debian
+# and Ubuntu system keeps (package base-files). Any folder or file of text may replace it.
+SECOND_SOURCE = "/usr/share/common-licenses"
+
+
+def second_source_documents(path: str = SECOND_SOURCE) -> list:
+    """(name, text) of every text file under `path` (a file or a folder, not recursive), in name
+    order, each file once (symbolic links to a file already read are skipped)."""
+    import os
+    if os.path.isfile(path):
+        files = [path]
+    elif os.path.isdir(path):
+        files = [os.path.join(path, f) for f in sorted(os.listdir(path))]
+    else:
+        raise TaskError(f"second-source text {path!r}: no such file or folder")
+    docs, seen = [], set()
+    for f in files:
+        real = os.path.realpath(f)
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        try:
+            with open(real, encoding="utf-8") as fh:
+                docs.append((os.path.basename(f), fh.read()))
+        except (UnicodeDecodeError, OSError):
+            continue  # not text
+    if not docs:
+        raise TaskError(f"second-source text {path!r}: no readable text file there")
+    return docs
+
+
+def second_source_text(tokenizer, n_blocks: int = 128, block_size: int = 128,
+                       path: str = SECOND_SOURCE) -> Dataset:
+    """`n_blocks` blocks of `block_size` tokens of a second source of English (`path`; by
+    default the system's licence texts), spread evenly over it: for a perplexity that no heal
+    trains on and that is not the general text the gate reads (pydoc). Blocks start as
+    general_text's do (the tokenizer's prompt prefix). Fewer blocks than asked when the text
+    is shorter; the Dataset says how many it holds."""
+    text = "\n\n".join(t for _, t in second_source_documents(path))
+    ids, prefix = _encode(tokenizer, text), prompt_prefix(tokenizer)
+    step = block_size - len(prefix)
+    starts = list(range(0, len(ids) - step + 1, step))
+    if len(starts) > n_blocks:  # evenly over the whole text, not its first files
+        starts = [starts[round(i * (len(starts) - 1) / max(1, n_blocks - 1))] for i in range(n_blocks)]
+    blocks = [prefix + ids[i:i + step] for i in starts]
+    return Dataset.from_dict(dict(input_ids=blocks, text=[tokenizer.decode(b) for b in blocks]))

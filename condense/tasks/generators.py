@@ -84,20 +84,24 @@ def ioi_from(templates):
 
 
 # ---------------------------------------------------------------- induction
-def _words(ws):
-    return "".join(" " + w for w in ws)
+def _words(ws, sep=""):
+    return sep.join(" " + w for w in ws)
 
 
-def induction(rng, split, P):
+def induction(rng, split, P, pool="common", sep=""):
+    """`pool` (a word pool of P) and `sep` (what follows each word but the last, e.g. ",")
+    are the surface form; the paraphrase set (tasks/paraphrases.py) draws others."""
+    _words_ = lambda ws: _words(ws, sep)  # noqa: E731
     n_prefix, n_block = rng.randint(0, 10), rng.randint(6, 16)
-    ws = rng.sample(P["common"], n_prefix + 2 * n_block)
+    ws = rng.sample(P[pool], n_prefix + 2 * n_block)
     prefix, block, spare = ws[:n_prefix], ws[n_prefix:n_prefix + n_block], ws[n_prefix + n_block:]
     k = rng.randint(1, n_block - 1)  # tokens of the second copy already shown
-    clean = _words(prefix + block + block[:k])
-    corrupted = _words(prefix + block + spare[:k])  # second copy re-randomised
+    # with a separator the prompt ends with it, so that the next token is still a word
+    clean = _words_(prefix + block + block[:k]) + sep
+    corrupted = _words_(prefix + block + spare[:k]) + sep  # second copy re-randomised
     distractor = rng.choice([w for w in block if w not in (block[k], block[k - 1])])
-    train = _words(prefix + block + block)
-    second = len(_words(prefix + block))
+    train = _words_(prefix + block + block)
+    second = len(_words_(prefix + block))
     targets, pos = [], second
     for i, w in enumerate(block):  # the first token of the copy cannot be predicted
         start, end = _span(train, " " + w, pos)
@@ -119,14 +123,16 @@ AGREEMENT_TEMPLATES = [
 ]
 
 
-def agreement(rng, split, P):
-    t = rng.randrange(len(AGREEMENT_TEMPLATES))
+def agreement(rng, split, P, templates=AGREEMENT_TEMPLATES):
+    """`templates`: the surface forms ({s} the subject, {a} the attractor, optionally {prep}
+    and {adj}); the paraphrase set (tasks/paraphrases.py) passes others."""
+    t = rng.randrange(len(templates))
     sing, plur = rng.choice(P["noun_pairs"])
     attractor = rng.choice(rng.choice([p for p in P["noun_pairs"] if p[0] != sing]))
     plural = rng.random() < 0.5
     slots = dict(a=attractor, prep=rng.choice(P["preps"]), adj=rng.choice(P["adjs"]))
-    clean = AGREEMENT_TEMPLATES[t].format(s=plur if plural else sing, **slots)
-    corrupted = AGREEMENT_TEMPLATES[t].format(s=sing if plural else plur, **slots)
+    clean = templates[t].format(s=plur if plural else sing, **slots)
+    corrupted = templates[t].format(s=sing if plural else plur, **slots)
     v_sing, v_plur = rng.choice(P["verbs"])
     answer, distractor = (v_plur, v_sing) if plural else (v_sing, v_plur)
     train = clean + " " + answer
@@ -135,28 +141,30 @@ def agreement(rng, split, P):
 
 
 # ---------------------------------------------------------------- docstring
-def _docstring(fn, args, summary, descs, n_documented, close):
-    lines = [f"def {fn}(self, {', '.join(args)}):", f'    """{summary}', ""]
-    lines += [f"    :param {a}: {d}" for a, d in zip(args[:n_documented], descs)]
-    text = "\n".join(lines) + "\n    :param"
+def _docstring(fn, args, summary, descs, n_documented, close, keyword=":param", receiver="self, "):
+    lines = [f"def {fn}({receiver}{', '.join(args)}):", f'    """{summary}', ""]
+    lines += [f"    {keyword} {a}: {d}" for a, d in zip(args[:n_documented], descs)]
+    text = "\n".join(lines) + f"\n    {keyword}"
     return text + (f" {args[n_documented]}: {descs[n_documented]}" + close if close else "")
 
 
-def docstring(rng, split, P):
+def docstring(rng, split, P, keyword=":param", receiver="self, "):
+    """`keyword` and `receiver` are the surface form (":param" after "self, "); the
+    paraphrase set (tasks/paraphrases.py) draws others."""
     n = rng.randint(3, 5)
     ws = rng.sample(P["args"], 2 * n)
     args, other = ws[:n], ws[n:]
     k = rng.randint(1, n - 1)  # documented arguments before the one to predict
     fn, summary = rng.choice(P["functions"]), rng.choice(P["summaries"])
     descs = [rng.choice(P["descriptions"]) for _ in range(n)]
-    clean = _docstring(fn, args, summary, descs, k, None)
+    clean = _docstring(fn, args, summary, descs, k, None, keyword, receiver)
     # other argument names in the signature; the docstring so far is unchanged
-    corrupted = f"def {fn}(self, {', '.join(other)}):" + clean[clean.index("\n"):]
+    corrupted = f"def {fn}({receiver}{', '.join(other)}):" + clean[clean.index("\n"):]
     distractor = rng.choice([a for a in args if a != args[k]])
-    full = _docstring(fn, args, summary, descs, n - 1, '\n    """')
+    full = _docstring(fn, args, summary, descs, n - 1, '\n    """', keyword, receiver)
     targets, pos = [], 0
     for a in args:  # the loss sits on every documented argument name
-        pos = full.index(":param", pos) + len(":param")
+        pos = full.index(keyword, pos) + len(keyword)
         start, end = _span(full, " " + a, pos)
         targets.append((start, end, 1.0))
     return Sample(clean, corrupted, " " + args[k], " " + distractor, full, targets)

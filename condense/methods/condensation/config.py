@@ -14,7 +14,7 @@ ALL_LINEAR = "all-linear"
 class CondenseConfig(RunConfig):
     """Condensation's keys (the module docstring describes the loop)."""
     # a run may be capped or extended on resume: the rounds done so far do not depend on it
-    rerun_free = ("max_rounds", "n_test", "final_heal_steps", "final_heal_rows")
+    rerun_free = ("max_rounds", "n_test", "final_heal_steps", "final_heal_rows", "fidelity")
     method: str = field(default="condense", metadata={"help": "condense (this config's method)"})
     heal: bool = field(default=True, metadata={
         "help": "heal with a LoRA adapter after each cut (false: the C0 control)"})
@@ -108,6 +108,10 @@ class CondenseConfig(RunConfig):
                 "edges, e.g. eap (one pass instead of EAP-IG's ig_steps; null: EAP-IG always)"})
     early_rank_edges: int = field(default=0, metadata={
         "help": "circuit size above which early_rank_method ranks"})
+    fidelity: bool = field(default=True, metadata={
+        "help": "measure the fidelity card at the end (fidelity.json, metrics.json's "
+                "\"fidelity\"; docs/fidelity.md): how much of C1 the original model carries, the "
+                "healed full model on every task, new text and paraphrases (minutes on SmolLM2)"})
     heal_if_needed: bool = field(default=False, metadata={
         "help": "gate each candidate before healing it and accept it unhealed when it passes "
                 "(heal only what the gate rejects); false: heal every round"})

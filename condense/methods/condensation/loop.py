@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from condense import tasks
+from condense import fidelity, tasks
 from condense.artifacts import atomic_write, write_json
 from condense.attribute import attribute
 from condense.curves import smallest_faithful
@@ -367,16 +367,26 @@ class _Loop:
             n_general=len(self.blocks), **extra)
         if state.get("final_heal"):
             metrics["final_heal"] = state["final_heal"]
+        card = None
+        if cfg.fidelity and is_main():  # measured on the main process only: it writes the files
+            log("fidelity card: how much of the circuit the original model carries")
+            card = fidelity.measure(model, self.ctx.tokenizer, circuit, cfg, means=self.means,
+                                    gate_ppl_ratio=metrics["ppl_ratio"], log=lambda m: log(f"fidelity: {m}"))
+            metrics["fidelity"] = fidelity.to_json(dict(summary=card["summary"], flags=card["flags"]))
+            for flag in card["flags"]:
+                log(f"fidelity flag: {flag}")
         name = "heal-only" if not cfg.prune else ("C1" if cfg.heal else "C0")
         log(f"{name}: {metrics['edges']} edges, test accuracy "
             f"{metrics['accuracy']:.3f} (original {metrics['accuracy_original']:.3f}), KL "
             f"{metrics['kl']:.4f}, ppl ratio {metrics['ppl_ratio']:.4f}")
         if is_main():
-            self.write(circuit, state, metrics)
+            self.write(circuit, state, metrics, card)
         return metrics
 
-    def write(self, circuit, state, metrics):
+    def write(self, circuit, state, metrics, card=None):
         out = self.out
+        if card is not None:
+            write_json(os.path.join(out, "fidelity.json"), fidelity.to_json(card))
         save_adapter(self.model, out, self.cfg.model)
         circuit.to_json(os.path.join(out, "circuit.json"))
         circuit.to_image(os.path.join(out, "circuit.png"))
