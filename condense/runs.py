@@ -158,15 +158,18 @@ class FolderLock:
     def __init__(self, folder: str, way_out: str = "give this run another output_dir"):
         self.folder, self.way_out = folder, way_out
         self.path = os.path.join(folder, ".lock")
+        self.held = False  # by this object (a with block on a held lock takes it no further)
 
     def acquire(self):
         key = os.path.abspath(self.path)
         if _HELD.get(key):
             _HELD[key] += 1
+            self.held = True
             return self
         with writing(self.path):
             self._take()
         _HELD[key] = 1
+        self.held = True
         _clean_strays(self.folder)
         return self
 
@@ -202,6 +205,9 @@ class FolderLock:
             return None
 
     def release(self):
+        if not self.held:
+            return
+        self.held = False
         key = os.path.abspath(self.path)
         if _HELD.get(key, 0) > 1:
             _HELD[key] -= 1
@@ -211,7 +217,7 @@ class FolderLock:
             os.unlink(self.path)
 
     def __enter__(self):
-        return self.acquire()
+        return self if self.held else self.acquire()
 
     def __exit__(self, *exc):
         self.release()
@@ -340,6 +346,7 @@ class RunFolder:
     config: RunConfig
     circuit_path: str
     adapter: bool
+    circuit_json: Optional[dict] = None  # circuit.json as read_run checked it (read once)
 
     def load_model(self, model: Optional[str] = None, device=None, dtype=None, threads=None,
                    quantization: Optional[str] = "as run"):
@@ -358,7 +365,7 @@ class RunFolder:
         return net, load_tokenizer(cfg.tokenizer or model), device
 
     def circuit(self, model) -> Graph:
-        return Graph.from_json(self.circuit_path, model)
+        return Graph.from_json(self.circuit_path, model, data=self.circuit_json)
 
     def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None,
               intervention: Optional[str] = None):
@@ -377,7 +384,14 @@ class RunFolder:
         train = tasks.load_task(task or cfg.task, tokenizer, "train", n=cfg.n_train, seed=cfg.seed)
         original = cfg.method == "condense" and self.adapter
         with net.disable_adapter() if original else nullcontext():
-            return compute_means(net, graph, train["clean_ids"], batch_size=cfg.batch_size)
+            means = compute_means(net, graph, train["clean_ids"], batch_size=cfg.batch_size)
+        bad = count_nonfinite(means)
+        if bad:  # a removed edge would carry NaN into every subset: refuse before the work
+            raise damaged(self.path, f"the sender means of its model on the task's train rows "
+                                     f"hold {bad:,} NaN/Inf values",
+                          "check the model's and the adapter's weights (a run must be redone "
+                          "on weights that give finite activations)")
+        return means
 
 
 def read_run(path: str, what: str = "read") -> RunFolder:
@@ -391,10 +405,23 @@ def read_run(path: str, what: str = "read") -> RunFolder:
         raise FileNotFoundError(f"{path}: no circuit.json to {what}")
     recipe = os.path.join(path, "recipe.yaml")
     data = read_recipe(recipe, allow_empty=True) if os.path.exists(recipe) else {}
+    if not isinstance(data, dict):
+        raise damaged(recipe, "not a recipe (a YAML mapping of keys)")
     data.pop("output_dir", None)
     cfg = config_from(data, where=recipe, lenient=True)
     cfg.output_dir = path
-    return RunFolder(path, cfg, circuit, _adapter_present(path, cfg, what))
+    # every file the command reads, checked before any model loads: a damaged one fails in one
+    # line naming it, not in a traceback minutes later
+    from condense.graph import check_circuit_json
+    circuit_json = read_json(circuit)
+    check_circuit_json(circuit_json, circuit)
+    adapter = _adapter_present(path, cfg, what)
+    if adapter:
+        read_json(os.path.join(path, "adapter_config.json"))
+        weights = next(os.path.join(path, f) for f in ADAPTER_WEIGHTS
+                       if os.path.exists(os.path.join(path, f)))
+        read_tensors(weights)
+    return RunFolder(path, cfg, circuit, adapter, circuit_json)
 
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
