@@ -258,10 +258,11 @@ def read_jsonl(path, what_to_do: Optional[str] = None) -> list:
     return records
 
 
-def read_tensors(path, what_to_do: Optional[str] = None) -> dict:
+def read_tensors(path, what_to_do: Optional[str] = None, allow_inf: bool = False) -> dict:
     """The tensors of a safetensors file (or a torch .bin of a state dict), every value finite:
     a file cut off or of another format, or one holding NaN/Inf, raises DamagedFile naming the
-    count; a missing file raises FileNotFoundError."""
+    count; a missing file raises FileNotFoundError. `allow_inf`: only NaN is refused (Edge
+    Pruning's log_alpha is -inf where no gate is)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -274,7 +275,8 @@ def read_tensors(path, what_to_do: Optional[str] = None) -> dict:
         raise damaged(path, f"not a whole tensor file ({e})", what_to_do) from None
     if not isinstance(tensors, dict) or not all(torch.is_tensor(t) for t in tensors.values()):
         raise damaged(path, "not a file of named tensors", what_to_do)
-    bad = count_nonfinite(tensors)
+    bad = (sum(int(t.isnan().sum()) for t in tensors.values() if t.is_floating_point())
+           if allow_inf else count_nonfinite(tensors))
     if bad:
         total = sum(t.numel() for t in tensors.values() if t.is_floating_point())
         raise damaged(path, f"{bad} of its {total:,} values are NaN or Inf", what_to_do)
