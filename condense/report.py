@@ -1,6 +1,6 @@
 """One self-contained HTML page per run folder: `condense report RUN_DIR` writes report.html.
 
-    condense report RUN_DIR [--out FILE] [--edges N]
+    condense report RUN_DIR [--out DIR|FILE.html] [--edges N]
 
 The page holds everything inline (SVG; CSS and script from condense/report_assets/; no network
 access): the command
