@@ -122,7 +122,7 @@ def plot_head_drops(drop, base, path, title=None):
     ax.set_title(title or f"IOI logit-difference drop, one head mean-ablated\n(clean LD {base:.2f})")
     fig.colorbar(im, ax=ax, label="LD drop")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), "wb")
     plt.close(fig)
 
 
@@ -296,9 +296,15 @@ def resume_file(out: str, model_name: str, model, begin=None, **settings):
 def write_card(model_name, n=500, seed=0, out=None, ablation_rows=None, threads=None):
     """Measure `model_name` and write README.md, card.json and ioi_head_ablation.png into
     `out`. Returns the card (a dict). An interrupted card goes on where it stopped."""
-    t0, begin = time.time(), time.perf_counter()
+    from .runs import open_output
     out = out or default_out(model_name)
-    os.makedirs(out, exist_ok=True)
+    # before the model loads: a folder it cannot write (--out), and one writer
+    with open_output(out):
+        return _write_card(model_name, n, seed, out, ablation_rows, threads)
+
+
+def _write_card(model_name, n, seed, out, ablation_rows, threads):
+    t0, begin = time.time(), time.perf_counter()
     model, tokenizer = load_model(model_name), load_tokenizer(model_name)
     apply_thread_policy(threads, model)
     cfg = model.config

@@ -90,14 +90,18 @@ def main(argv=None):
 
 
 def user_errors() -> tuple:
-    """Failures a user causes (a recipe, a path, a model, a folder in use): one line, no traceback."""
+    """Failures a user causes or must fix (a recipe, a path, a model, a folder in use, a damaged
+    file, a folder it cannot write): one line, no traceback."""
+    from condense.artifacts import ArtifactError
     from condense.config import RecipeError
     from condense.model_parts import UnsupportedModelError
     from condense.models import MissingModelError
+    from condense.optimize import Diverged
     from condense.runs import FolderInUse
     from condense.tasks import TaskError
     from condense.verify.run import CircuitTooLarge
-    return (RecipeError, TaskError, FolderInUse, MissingModelError, UnsupportedModelError, CircuitTooLarge,
+    return (ArtifactError, RecipeError, TaskError, FolderInUse, MissingModelError, UnsupportedModelError, CircuitTooLarge,
+            Diverged,
             FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
@@ -114,6 +118,9 @@ def entry():
     except OSError as e:
         if str(e).startswith(("cannot load model", "cannot load tokenizer")):
             sys.exit(f"error: {e}")
+        from condense.artifacts import WRITE_ERRNOS, cannot_write
+        if e.errno in WRITE_ERRNOS:  # a write no atomic_write wrapped (a library's own save)
+            sys.exit(f"error: {cannot_write(e.filename or 'a file', e)}")
         raise
     sys.exit(result if isinstance(result, int) else 0)
 

@@ -14,6 +14,8 @@ from typing import Optional
 
 import yaml
 
+from condense.artifacts import DamagedFile, read_text
+
 
 class RecipeError(ValueError):
     pass
@@ -108,10 +110,11 @@ def read_recipe(path, overrides=(), allow_empty=False):
     if os.path.isdir(path):
         raise RecipeError(f"{path}: a folder, not a recipe file")
     try:
-        with open(path) as f:
-            data = yaml.load(f, Loader=_UniqueKeyLoader)
+        data = yaml.load(read_text(path, "a recipe is a YAML text file"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file") from None
+    except DamagedFile as e:
+        raise RecipeError(str(e)) from None
     except RecipeError as e:
         raise RecipeError(f"{path}: {e}") from None
     except yaml.YAMLError as e:

@@ -14,12 +14,13 @@ ones by default; condense.patching mixes clean and ablated values with them.
 import gzip
 import heapq
 import json
+import math
 import shutil
 from typing import Optional
 
 import torch
 
-from condense.artifacts import atomic_write, read_json
+from condense.artifacts import atomic_write, count_nonfinite, damaged, read_json
 from condense.graph_views import EdgeMap, NodeMap
 from condense.model_parts import model_shape
 
@@ -222,41 +223,43 @@ class Graph:
             atomic_write(path, lambda f: json.dump(d, f))
 
     @classmethod
-    def from_json(cls, path, model) -> "Graph":
+    def from_json(cls, path, model, data: Optional[dict] = None) -> "Graph":
         """Load a MIB-format graph for `model` (edges absent from the file are out of the
-        graph); a path ending in .gz is read as gzipped JSON."""
-        d = read_json(path)
+        graph); a path ending in .gz is read as gzipped JSON. `data`: the file's JSON when the
+        caller has read it already. A file that is not a circuit of this model's graph raises
+        condense.artifacts.DamagedFile naming it."""
+        d = read_json(path) if data is None else data
         g = cls.from_model(model)
         g.check_json(d, path)
         g.in_graph = torch.zeros_like(g.valid)
         for name, e in d["edges"].items():
-            s, r = g._parse_edge(name)
+            try:
+                s, r = g._parse_edge(name)
+            except KeyError as err:
+                raise damaged(path, f"{err.args[0]}: a circuit of another graph") from None
             g.scores[s, r] = float(e.get("score", 0.0) if e.get("score") is not None else 0.0)
             g.in_graph[s, r] = e["in_graph"]
         if "node_masks" in d:
             g.head_mask = torch.tensor(d["node_masks"]["heads"], dtype=torch.float)
             g.neuron_mask = torch.tensor(d["node_masks"]["neurons"], dtype=torch.float)
+            if g.head_mask.shape != (g.n_layers, g.n_heads) or \
+                    g.neuron_mask.shape != (g.n_layers, g.shape.d_mlp):
+                raise damaged(path, "its node masks do not fit this model's heads and neurons")
         for entries in (d.get("nodes", {}), d.get("neurons", {})):
             g.roles.update({name: e["role"] for name, e in entries.items()
                             if isinstance(e, dict) and e.get("role") is not None})
         return g
 
     def check_json(self, d, path="circuit.json"):
-        """Refuse a circuit file that is not for this model: its `cfg` (model type, layers,
-        heads, widths) must match; every edge's in_graph must be true or false."""
-        if not isinstance(d, dict) or not isinstance(d.get("edges"), dict):
-            raise ValueError(f"{path}: not a circuit file (no edges)")
-        cfg = d.get("cfg")
-        if not isinstance(cfg, dict):
-            raise ValueError(f"{path}: no cfg: cannot tell which model the circuit is for")
+        """Refuse a circuit file that is not for this model (check_circuit_json, and its `cfg`:
+        model type, layers, heads, widths, must match)."""
+        check_circuit_json(d, path)
+        cfg = d["cfg"]
         for key, value in self.cfg.items():
             if key in cfg and cfg[key] != value:
-                raise ValueError(f"{path}: a circuit for another model ({key}={cfg[key]!r}, this "
-                                 f"model has {value!r})")
-        for name, e in d["edges"].items():
-            if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool):
-                raise ValueError(f"{path}: edge {name}: in_graph must be true or false, got "
-                                 f"{e.get('in_graph') if isinstance(e, dict) else e!r}")
+                raise damaged(path, f"a circuit for another model ({key}={cfg[key]!r}, this "
+                                    f"model has {value!r})",
+                              "give the model it was found for (--model), or another circuit")
 
     def _parse_edge(self, name):
         src, _, dst = name.partition("->")
@@ -288,3 +291,30 @@ class Graph:
     def __repr__(self):
         return (f"Graph({self.cfg['model_type']}, {self.n_layers} layers x {self.n_heads} heads, "
                 f"{self.n_edges}/{int(self.valid.sum())} edges in graph)")
+
+
+def check_circuit_json(d, path="circuit.json") -> None:
+    """Refuse, before any model loads, JSON that is not a whole circuit file (MIB format:
+    `cfg`, and `edges` whose in_graph is true or false), or whose edge scores or node masks hold
+    NaN/Inf: condense.artifacts.DamagedFile naming the file, what is wrong and what to do."""
+    if not isinstance(d, dict) or not isinstance(d.get("edges"), dict):
+        raise damaged(path, "not a circuit file (no edges)")
+    if not isinstance(d.get("cfg"), dict):
+        raise damaged(path, "no cfg: cannot tell which model the circuit is for")
+    edges = d["edges"]
+    for name, e in edges.items():
+        if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool):
+            raise damaged(path, f"edge {name}: in_graph must be true or false, got "
+                                f"{e.get('in_graph') if isinstance(e, dict) else e!r}")
+    scores = [e.get("score") for e in edges.values()]
+    bad = sum(1 for v in scores if v is not None and not (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)))
+    if bad:
+        raise damaged(path, f"{bad:,} of its {len(edges):,} edge scores are NaN, Inf or not numbers")
+    masks = d.get("node_masks")
+    if masks is not None:
+        if not isinstance(masks, dict) or not {"heads", "neurons"} <= set(masks):
+            raise damaged(path, "node_masks without its heads and neurons")
+        bad = count_nonfinite(masks)
+        if bad:
+            raise damaged(path, f"{bad:,} of its node mask values are NaN or Inf")

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 
 class Diverged(RuntimeError):
-    """The loss or a trained parameter became NaN/inf."""
+    """The loss, a gradient or a trained parameter became NaN/inf: training stopped at once,
+    its parameters left at the last finite step (and saved there when it has a FitState)."""
 
 
 def world():
@@ -163,12 +164,22 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
         loss.backward()
         value = all_reduce_(loss.detach().float().reshape(1).clone(), "mean")
         if check_finite and not torch.isfinite(value).all():
-            raise Diverged(f"{desc}: loss {value.item()} at step {step}")
+            _stop(state, step, params, opt, losses, f"{desc}: loss {value.item()} at step {step}")
         _average_gradients(params)
+        if check_finite:  # NaN gradients would make every parameter NaN: stop before the step
+            bad = torch.stack([(~torch.isfinite(p.grad)).any().float() for p in params
+                               if p.grad is not None] or [torch.zeros(())])
+            if bad.sum() > 0:
+                _stop(state, step, params, opt, losses,
+                      f"{desc}: gradients not finite at step {step}")
+            before = [p.detach().clone() for p in params]
         opt.step()
         if check_finite:
             bad = torch.stack([(~torch.isfinite(p)).any().float() for p in params])
             if all_reduce_(bad).sum() > 0:
+                with torch.no_grad():  # back to the last good parameters
+                    for p, b in zip(params, before):
+                        p.copy_(b)
                 raise Diverged(f"{desc}: parameters not finite after step {step}")
         losses.append(value.item())
         if after_step is not None:
@@ -186,6 +197,16 @@ def fit(param_groups, loss_fn: Callable[[int], torch.Tensor], steps: int, *, lr:
         state.save(steps, params, opt, losses, final=True)
     bar.close()
     return losses
+
+
+def _stop(state, step, params, opt, losses, why: str) -> None:
+    """Diverged at `step`, before its update: the parameters are the last good ones, and with a
+    FitState they are saved as they are (step `step`), so that nothing after them is lost."""
+    if state is not None:
+        state.file.saved_at = -float("inf")  # due now
+        state.save(step, params, opt, losses)
+        why += f"; the last good state (step {step}) is kept in {state.path}"
+    raise Diverged(why)
 
 
 def _everywhere(flag: bool, device) -> bool:

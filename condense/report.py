@@ -1,6 +1,6 @@
 """One self-contained HTML page per run folder: `condense report RUN_DIR` writes report.html.
 
-    condense report RUN_DIR [--out FILE] [--edges N]
+    condense report RUN_DIR [--out DIR|FILE.html] [--edges N]
 
 The page holds everything inline (SVG; CSS and script from condense/report_assets/; no network
 access): the command
@@ -25,25 +25,30 @@ import os
 import sys
 from typing import Optional
 
-from condense.artifacts import atomic_write, read_json
+from condense.artifacts import atomic_write, damaged, read_json, read_jsonl, read_text
 from condense.verify.verdict import summary_items
 
 DEFAULT_SHOWN_EDGES = 1000
+# metrics.json's numbers that are finite in every finished run (faithfulness and ppl_ratio may
+# be NaN by design: no logit difference to compare, no text): NaN there is a damaged file
+METRICS_FINITE = ("edges", "accuracy", "logit_diff")
 KIND_COLOURS = {"q": "#2f6fdf", "k": "#1a9a50", "v": "#e07b00", "": "#666666"}
 
 
 # ---------------------------------------------------------------- reading the folder
-def _read_json(path: str):
+def _read_json(path: str, finite=()):
+    """The checked JSON of `path` (condense.artifacts.read_json: a damaged file fails in one
+    line naming it), None when there is none."""
     if not os.path.exists(path):
         return None
-    return read_json(path)
+    return read_json(path, finite=finite)
 
 
 def _read_jsonl(path: str) -> list:
+    """A JSON Lines log's records (a cut-off last line dropped with a warning), [] if none."""
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def circuit_path(run_dir: str) -> Optional[str]:
@@ -126,11 +131,23 @@ def collect(run_dir: str) -> dict:
     """Everything the page shows, from the files in `run_dir` (missing files are skipped)."""
     import yaml
     join = lambda name: os.path.join(run_dir, name)  # noqa: E731
-    recipe_text = open(join("recipe.yaml")).read() if os.path.exists(join("recipe.yaml")) else ""
-    recipe = (yaml.safe_load(recipe_text) or {}) if recipe_text else {}
+    from condense.graph import check_circuit_json
+    recipe_text = read_text(join("recipe.yaml")) if os.path.exists(join("recipe.yaml")) else ""
+    try:
+        recipe = (yaml.safe_load(recipe_text) or {}) if recipe_text else {}
+    except yaml.YAMLError as e:
+        raise damaged(join("recipe.yaml"), f"not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(recipe, dict):
+        raise damaged(join("recipe.yaml"), "not a recipe (a YAML mapping of keys)")
     path = circuit_path(run_dir)
-    circuit = circuit_data(_read_json(path)) if path else None
-    metrics = _read_json(join("metrics.json")) or {}
+    circuit = None
+    if path:
+        circuit = _read_json(path)
+        check_circuit_json(circuit, path)
+        circuit = circuit_data(circuit)
+    metrics = _read_json(join("metrics.json"), finite=METRICS_FINITE) or {}
+    if not isinstance(metrics, dict):
+        raise damaged(join("metrics.json"), "not a JSON object of metrics")
     verify = _read_json(join("verify.json"))
     explain = _read_json(join("explain.json"))
     fidelity = _read_json(join("fidelity.json"))
@@ -140,8 +157,8 @@ def collect(run_dir: str) -> dict:
         rounds=_read_jsonl(join("rounds.jsonl")), training=_read_jsonl(join("training.jsonl")),
         verify=verify, explain_cards=_explain_cards(explain), runtime=_read_json(join("runtime.json")),
         baseline=_baseline_edges(run_dir, recipe),
-        files=sorted(f for f in os.listdir(run_dir)
-                     if os.path.isfile(join(f)) and f != "report.html"))
+        files=sorted(f for f in os.listdir(run_dir)  # not the lock, nor a write under way
+                     if os.path.isfile(join(f)) and f != "report.html" and not f.startswith(".")))
 
 
 def _baseline_edges(run_dir: str, recipe: dict) -> Optional[dict]:
@@ -526,14 +543,18 @@ def refresh_report(run_dir: str) -> None:
     try:
         write_report(run_dir)
     except Exception as e:  # noqa: BLE001 - any failure: say so and keep the run's results
-        print(f"[condense] report.html not written: {type(e).__name__}: {e}", file=sys.stderr)
+        from condense.artifacts import ArtifactError
+        why = str(e) if isinstance(e, ArtifactError) else f"{type(e).__name__}: {e}"
+        print(f"[condense] report.html not written: {why}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="condense report",
                                  description="Write a run folder's self-contained report.html.")
     ap.add_argument("run_dir", help="a run folder (circuit.json, metrics.json, ...)")
-    ap.add_argument("--out", default=None, help="write here instead of RUN_DIR/report.html")
+    ap.add_argument("--out", default=None, metavar="DIR|FILE",
+                    help="write DIR/report.html (or FILE.html) instead of RUN_DIR/report.html "
+                         "(a run folder on a read-only mount)")
     ap.add_argument("--edges", type=int, default=DEFAULT_SHOWN_EDGES,
                     help="edges drawn when the page opens (strongest first; the page has a "
                          "control for more); default %(default)s")
@@ -541,8 +562,21 @@ def main(argv=None) -> int:
     if not os.path.isdir(args.run_dir):
         print(f"condense report: {args.run_dir}: no such folder", file=sys.stderr)
         return 2
-    print(write_report(args.run_dir, args.out, args.edges))
+    from condense.runs import open_output
+    path = report_path(args.run_dir, args.out)
+    with open_output(os.path.dirname(path) or "."):  # one writer; a folder it can write
+        print(write_report(args.run_dir, path, args.edges))
     return 0
+
+
+def report_path(run_dir: str, out: Optional[str] = None) -> str:
+    """Where the report goes: RUN_DIR/report.html, or `out`: a file (…html) or a folder (DIR/,
+    an existing folder, or a name without .html), where it is DIR/report.html."""
+    if out is None:
+        return os.path.join(run_dir, "report.html")
+    if os.path.isdir(out) or out.endswith(os.sep) or not out.lower().endswith((".html", ".htm")):
+        return os.path.join(out, "report.html")
+    return out
 
 
 if __name__ == "__main__":  # python -m condense.report is `condense report`

@@ -22,7 +22,8 @@ from typing import Any, Optional
 import torch
 
 from condense import tasks
-from condense.artifacts import atomic_write, write_json
+from condense.artifacts import (atomic_write, check_writable, count_nonfinite, damaged, read_json,
+                                read_tensors, writing, write_json)
 from condense.config import RunConfig, read_recipe, to_yaml
 from condense.graph import Graph
 from condense.models import load_model, load_tokenizer, model_tag
@@ -143,23 +144,42 @@ class FolderInUse(RuntimeError):
     """Another live run writes the output folder."""
 
 
-class FolderLock:
-    """One writer per output folder: `.lock` holds the writer's pid; a lock whose process is
-    gone (killed) is taken over."""
+_HELD: dict = {}  # lock file -> how many times this process holds it (a lock is re-entrant)
 
-    def __init__(self, folder: str):
+
+class FolderLock:
+    """One writer per folder: `.lock` holds the writer's pid; a lock whose process is gone
+    (killed) is taken over. Runs take it on their output folder, and so do verify, explain,
+    report and card on the folder they write. Re-entrant within a process (a run refreshing its
+    report, verify refreshing the run's), released when the outermost holder releases it.
+    Taking it removes the temporary files a killed writer left there (atomic writes rename
+    theirs away), since no other writer can be at work. `way_out`: what the refusal suggests."""
+
+    def __init__(self, folder: str, way_out: str = "give this run another output_dir"):
+        self.folder, self.way_out = folder, way_out
         self.path = os.path.join(folder, ".lock")
+        self.held = False  # by this object (a with block on a held lock takes it no further)
 
     def acquire(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        key = os.path.abspath(self.path)
+        if _HELD.get(key):
+            _HELD[key] += 1
+            self.held = True
+            return self
+        with writing(self.path):
+            self._take()
+        _HELD[key] = 1
+        self.held = True
+        _clean_strays(self.folder)
+        return self
+
+    def _take(self):
+        os.makedirs(self.folder, exist_ok=True)
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                pid = self._holder()
-                if pid is not None and pid != os.getpid() and _alive(pid):
-                    raise FolderInUse(f"{os.path.dirname(self.path)} is being written by another run "
-                                      f"(pid {pid}); wait for it, or give this run another output_dir")
+                self.refuse_if_held()
                 try:  # its writer is gone: take it over
                     os.unlink(self.path)
                 except FileNotFoundError:
@@ -167,8 +187,15 @@ class FolderLock:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
-            return self
-        raise FolderInUse(f"could not lock {os.path.dirname(self.path)}")
+            return
+        raise FolderInUse(f"could not lock {self.folder}")
+
+    def refuse_if_held(self) -> None:
+        """FolderInUse, naming the holder, when another live process holds the lock."""
+        pid = self._holder()
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            raise FolderInUse(f"{self.folder} is being written by another run (pid {pid}); wait "
+                              f"for it, or {self.way_out}")
 
     def _holder(self):
         try:
@@ -178,8 +205,33 @@ class FolderLock:
             return None
 
     def release(self):
+        if not self.held:
+            return
+        self.held = False
+        key = os.path.abspath(self.path)
+        if _HELD.get(key, 0) > 1:
+            _HELD[key] -= 1
+            return
+        _HELD.pop(key, None)
         if self._holder() == os.getpid():
             os.unlink(self.path)
+
+    def __enter__(self):
+        return self if self.held else self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def open_output(out: str, reads: Optional[str] = None, flag: str = "--out") -> FolderLock:
+    """What a command that writes into folder `out` (verify, explain, report, card) does before
+    any model loads: refuse a folder it cannot write (CannotWrite, naming `flag`), refuse to
+    read run folder `reads` while another process writes it, and take `out`'s lock. Returns
+    the lock, held: release it, or use it in a with block."""
+    check_writable(out, f"give {flag} DIR to write elsewhere")
+    if reads is not None and os.path.abspath(reads) != os.path.abspath(out):
+        FolderLock(reads, f"give {flag} another folder").refuse_if_held()
+    return FolderLock(out, f"give {flag} another folder").acquire()
 
 
 def _alive(pid):
@@ -224,7 +276,8 @@ def check_folder(cfg: RunConfig) -> None:
 
 
 def _clean_strays(out):
-    """Temporary files an interrupted write left behind (atomic writes rename them away)."""
+    """Temporary files an interrupted write left behind (atomic writes rename them away); only
+    the lock's holder calls it, so no other writer is at work."""
     import shutil
     for folder in (out, os.path.join(out, "state")):
         if not os.path.isdir(folder):
@@ -250,6 +303,7 @@ def run(cfg: RunConfig) -> Optional[dict]:
     check_folder(cfg)
     if method.prepare is not None:
         method.prepare(cfg)
+    check_writable(cfg.output_dir, "give the run a folder it can write (output_dir=DIR)")
     wandb = cfg.report_to == "wandb"
     accelerator = Accelerator(cpu=cfg.device == "cpu", log_with="wandb" if wandb else None)
     set_seed(cfg.seed)
@@ -259,7 +313,6 @@ def run(cfg: RunConfig) -> Optional[dict]:
     lock = FolderLock(out).acquire() if accelerator.is_main_process else None
     try:
         if accelerator.is_main_process:
-            _clean_strays(out)
             atomic_write(os.path.join(out, "recipe.yaml"), recipe_text(cfg))
             write_json(os.path.join(out, "runtime.json"), ctx.runtime)
         if wandb:  # offline by default: our machines have no network, and a run must not hang
@@ -293,6 +346,7 @@ class RunFolder:
     config: RunConfig
     circuit_path: str
     adapter: bool
+    circuit_json: Optional[dict] = None  # circuit.json as read_run checked it (read once)
 
     def load_model(self, model: Optional[str] = None, device=None, dtype=None, threads=None,
                    quantization: Optional[str] = "as run"):
@@ -311,7 +365,7 @@ class RunFolder:
         return net, load_tokenizer(cfg.tokenizer or model), device
 
     def circuit(self, model) -> Graph:
-        return Graph.from_json(self.circuit_path, model)
+        return Graph.from_json(self.circuit_path, model, data=self.circuit_json)
 
     def means(self, net, graph: Graph, tokenizer, task: Optional[str] = None,
               intervention: Optional[str] = None):
@@ -330,7 +384,14 @@ class RunFolder:
         train = tasks.load_task(task or cfg.task, tokenizer, "train", n=cfg.n_train, seed=cfg.seed)
         original = cfg.method == "condense" and self.adapter
         with net.disable_adapter() if original else nullcontext():
-            return compute_means(net, graph, train["clean_ids"], batch_size=cfg.batch_size)
+            means = compute_means(net, graph, train["clean_ids"], batch_size=cfg.batch_size)
+        bad = count_nonfinite(means)
+        if bad:  # a removed edge would carry NaN into every subset: refuse before the work
+            raise damaged(self.path, f"the sender means of its model on the task's train rows "
+                                     f"hold {bad:,} NaN/Inf values",
+                          "check the model's and the adapter's weights (a run must be redone "
+                          "on weights that give finite activations)")
+        return means
 
 
 def read_run(path: str, what: str = "read") -> RunFolder:
@@ -344,10 +405,23 @@ def read_run(path: str, what: str = "read") -> RunFolder:
         raise FileNotFoundError(f"{path}: no circuit.json to {what}")
     recipe = os.path.join(path, "recipe.yaml")
     data = read_recipe(recipe, allow_empty=True) if os.path.exists(recipe) else {}
+    if not isinstance(data, dict):
+        raise damaged(recipe, "not a recipe (a YAML mapping of keys)")
     data.pop("output_dir", None)
     cfg = config_from(data, where=recipe, lenient=True)
     cfg.output_dir = path
-    return RunFolder(path, cfg, circuit, _adapter_present(path, cfg, what))
+    # every file the command reads, checked before any model loads: a damaged one fails in one
+    # line naming it, not in a traceback minutes later
+    from condense.graph import check_circuit_json
+    circuit_json = read_json(circuit)
+    check_circuit_json(circuit_json, circuit)
+    adapter = _adapter_present(path, cfg, what)
+    if adapter:
+        read_json(os.path.join(path, "adapter_config.json"))
+        weights = next(os.path.join(path, f) for f in ADAPTER_WEIGHTS
+                       if os.path.exists(os.path.join(path, f)))
+        read_tensors(weights)
+    return RunFolder(path, cfg, circuit, adapter, circuit_json)
 
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")

@@ -320,10 +320,11 @@ def markdown(report):
 
 # ---------------------------------------------------------------- a run folder
 
-def load_run(run_dir, model=None, device=None, dtype=None, threads=None):
-    """(run folder, model with the run's adapter, tokenizer, circuit, model name)."""
+def load_run(run_dir, model=None, device=None, dtype=None, threads=None, run=None):
+    """(run folder, model with the run's adapter, tokenizer, circuit, model name); `run`: the
+    folder when read already (condense.runs.read_run)."""
     from condense.runs import read_run
-    run = read_run(run_dir, "explain")
+    run = run or read_run(run_dir, "explain")
     net, tokenizer, _ = run.load_model(model, device, dtype, threads)
     return run, net, tokenizer, run.circuit(net), model or run.config.model
 
@@ -364,12 +365,28 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
                 block_size=64,
                 neutral_text=DEFAULT_NEUTRAL, task=None, model=None, device=None, dtype=None,
                 describe=None, seed=0, circuitlens=True, progress=say, threads=None):
+    from condense.runs import open_output, read_run
+    begin = time.perf_counter()
+    run = read_run(run_dir, "explain")
+    out = out_dir or run_dir
+    # before any model loads: a folder it cannot write (read-only: --out), and one writer
+    with open_output(out, reads=run_dir):
+        return _explain_run(
+            run, run_dir, out, begin, z=z, z_inherit=z_inherit, n_contexts=n_contexts,
+            max_nodes=max_nodes, n_neurons=n_neurons, neuron_ranking=neuron_ranking, split=split,
+            n_task=n_task, n_general=n_general, block_size=block_size, neutral_text=neutral_text,
+            task=task, model=model, device=device, dtype=dtype, describe=describe, seed=seed,
+            circuitlens=circuitlens, progress=progress, threads=threads)
+
+
+def _explain_run(run, run_dir, out, begin, *, z, z_inherit, n_contexts, max_nodes, n_neurons,
+                 neuron_ranking, split, n_task, n_general, block_size, neutral_text, task, model,
+                 device, dtype, describe, seed, circuitlens, progress, threads):
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
     from condense.evaluate import rows_digest
     from condense.verify.resume import run_state_key
-    begin = time.perf_counter()
-    run, net, tok, graph, model_path = load_run(run_dir, model, device, dtype, threads)
+    run, net, tok, graph, model_path = load_run(run_dir, model, device, dtype, threads, run)
     recipe, adapter = run.config, run.adapter
     task = task or recipe.task
     intervention = recipe.intervention
@@ -394,8 +411,6 @@ def explain_run(run_dir, *, out_dir=None, z=4.0, z_inherit=3.0, n_contexts=24, m
     prefix = tasks.prompt_prefix(tok)
     lcfg = LensConfig(z=z, z_inherit=z_inherit, seed=seed)
     ccfg = CircuitLensConfig(n_contexts=n_contexts, seed=seed)
-    out = out_dir or run_dir
-    os.makedirs(out, exist_ok=True)
     param = next(net.parameters())
     key = run_state_key(run, model=model_path, device=param.device, dtype=param.dtype, task=task,
                         rows=rows_digest(rows) if rows is not None else None, split=split,

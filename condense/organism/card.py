@@ -10,10 +10,10 @@ The measurements are `condense.card`'s (the card of any model); this module adds
 organism's own text and its training information from `training.json`.
 """
 import argparse
-import json
 import os
 import time
 
+from ..artifacts import read_json
 from ..card import (ACCURACY_BAR, save_card, head_means, head_means_ablated,  # noqa: F401
                    ioi_head_ablation, resume_file)
 from ..card import measure as _measure
@@ -66,8 +66,7 @@ def write_card(path, n=500, seed=0, out=None):
     info = dict(path=path)
     tj = os.path.join(path, "training.json")
     if os.path.exists(tj):
-        with open(tj) as f:
-            t = json.load(f)
+        t = read_json(tj)
         info.update(steps=sum(ph.get("steps", 0) for ph in t["recipe"]["phases"]), threads=t["recipe"]["threads"],
                     train_seconds=t["train_seconds"])
     card["training"] = {k: v for k, v in info.items() if k != "path"}

@@ -23,6 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from .. import tasks
+from ..artifacts import atomic_write
 from ..config import RecipeError, from_dict, load_recipe, to_yaml
 from ..metrics import pad_batch, task_scores
 from ..optimize import FitState
@@ -256,10 +257,9 @@ def main(argv=None):
     os.makedirs(cfg.output_dir, exist_ok=True)
     model.save_pretrained(cfg.output_dir)
     tokenizer.save_pretrained(cfg.output_dir)
-    with open(os.path.join(cfg.output_dir, "training.json"), "w") as f:
-        json.dump(dict(recipe=dataclasses.asdict(cfg), **info), f, indent=1)
-    with open(os.path.join(cfg.output_dir, "recipe.yaml"), "w") as f:
-        f.write(to_yaml(cfg))
+    atomic_write(os.path.join(cfg.output_dir, "training.json"),
+                 json.dumps(dict(recipe=dataclasses.asdict(cfg), **info), indent=1))
+    atomic_write(os.path.join(cfg.output_dir, "recipe.yaml"), to_yaml(cfg))
     print(f"saved {cfg.output_dir} after {info['train_seconds']:.0f}s", flush=True)
     if not args.no_card:
         from .card import write_card

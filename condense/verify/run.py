@@ -282,12 +282,29 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     quantization "as run": the base quantized as the run's was; None, "4bit", "8bit" override."""
     from condense import tasks
     from condense.artifacts import atomic_write, write_json
-    from condense.runs import read_run
+    from condense.runs import open_output, read_run
 
     begin = time.perf_counter()
     run = read_run(run_dir, "verify")  # circuit.json, or circuit.json.gz for large circuits
+    out = out_dir or run_dir
+    # before any model loads: a folder it cannot write (read-only: --out), and one writer
+    with open_output(out, reads=run_dir):
+        return _verify_run(run, run_dir, out, begin, max_edges=max_edges, tau=tau, split=split,
+                           n=n, batch_size=batch_size, threshold=threshold, model=model,
+                           task=task, intervention=intervention, method=method, device=device,
+                           dtype=dtype, progress=progress, threads=threads, criterion=criterion,
+                           quantization=quantization, local=local, reduce=reduce, pairs=pairs,
+                           max_removals=max_removals)
+
+
+def _verify_run(run, run_dir, out, begin, *, max_edges, tau, split, n, batch_size, threshold,
+                model, task, intervention, method, device, dtype, progress, threads, criterion,
+                quantization, local, reduce, pairs, max_removals):
+    from condense import tasks
+    from condense.artifacts import atomic_write, write_json
     if not local:
-        check_size(count_circuit_edges(run.circuit_path), max_edges)  # before anything loads
+        check_size(sum(1 for e in run.circuit_json["edges"].values() if e["in_graph"]),
+                   max_edges)  # before anything loads
     cfg = run.config
     task = task or cfg.task
     intervention = intervention or cfg.intervention
@@ -317,8 +334,6 @@ def verify_run(run_dir, *, max_edges=DEFAULT_MAX_EDGES, tau=0.05, split="test", 
     load_s = time.perf_counter() - begin
 
     show = Progress(f"verify {graph.n_edges} edges") if progress else None
-    out = out_dir or run_dir
-    os.makedirs(out, exist_ok=True)
     sums = SubsetSums(os.path.join(out, STATE_FILE), run_state_key(
         run, model=model_path, quantization=quantization, task=task, split=split, n=n, seed=seed,
         intervention=intervention, dtype=dtype, device=str(device)))

@@ -3,7 +3,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from condense.artifacts import read_json
+from condense.artifacts import DamagedFile, read_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
 
 # PEFT's shorthand for every linear (and GPT-2 Conv1D) layer but the output head
@@ -171,25 +171,20 @@ class CondenseConfig(RunConfig):
 
 def read_circuit_file(path, what="init_circuit"):
     """The JSON of circuit file `path` with at least one edge in the graph, or a RecipeError
-    naming the problem (a folder, no such file, not JSON, not a circuit, no edge on)."""
+    naming the problem (a folder, no such file, not JSON, not a circuit, NaN/Inf scores, no
+    edge on)."""
+    from condense.graph import check_circuit_json
     if os.path.isdir(path):
         raise RecipeError(f"recipe key {what!r}: {path} is a folder; give its circuit.json")
     if not os.path.exists(path):
         raise RecipeError(f"recipe key {what!r}: no such circuit file {path}")
     try:
         d = read_json(path)
-    except (ValueError, OSError) as e:
-        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit JSON file ({e})") from None
-    edges = d.get("edges") if isinstance(d, dict) else None
-    if not isinstance(edges, dict):
-        raise RecipeError(f"recipe key {what!r}: {path} is not a circuit file (no edges)")
-    bad = [n for n, e in edges.items() if not isinstance(e, dict) or not isinstance(e.get("in_graph"), bool)]
-    if bad:
-        raise RecipeError(f"recipe key {what!r}: {path}: edge {bad[0]}: in_graph must be true or false")
-    if not any(e["in_graph"] for e in edges.values()):
+        check_circuit_json(d, path)
+    except DamagedFile as e:
+        raise RecipeError(f"recipe key {what!r}: {e}") from None
+    if not any(e["in_graph"] for e in d["edges"].values()):
         raise RecipeError(f"recipe key {what!r}: {path} has no edge in its circuit")
-    if not isinstance(d.get("cfg"), dict):
-        raise RecipeError(f"recipe key {what!r}: {path} has no cfg: cannot tell which model it is for")
     return d
 
 

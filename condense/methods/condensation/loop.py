@@ -324,9 +324,9 @@ class _Loop:
     def undo_final_heal(self, state, circuit):
         """Back to the adapter the final heal started from (before more rounds, or before a
         final heal of other settings), so that a final heal never changes what rounds do."""
-        from safetensors.torch import load_file
+        from condense.artifacts import read_tensors
         record = state.pop("final_heal")
-        load_adapter_state(self.model, load_file(os.path.join(self.out, "state", record["from_adapter"])))
+        load_adapter_state(self.model, read_tensors(os.path.join(self.out, "state", record["from_adapter"])))
         log("final heal undone: its settings changed or more rounds follow")
         return self._commit(circuit, state)
 

@@ -3,7 +3,7 @@ state/state.json last, so a kill at any moment leaves a consistent state (docs/d
 import json
 import os
 
-from condense.artifacts import atomic_write, write_json
+from condense.artifacts import atomic_write, damaged, read_json, read_tensors, writing, write_json
 from condense.config import RecipeError
 from condense.graph import Graph
 from condense.optimize import world
@@ -35,7 +35,8 @@ def _save_state(out, model, circuit, state):
         barrier()
         return dict(state, adapter_file=adapter_file, circuit_file=circuit_file)
     sdir = os.path.join(out, "state")
-    os.makedirs(sdir, exist_ok=True)
+    with writing(sdir):
+        os.makedirs(sdir, exist_ok=True)
     # both parts, each atomically, every time (a kill between them leaves the last committed
     # state.json pointing at files of the previous commit, which are still there)
     atomic_write(os.path.join(sdir, adapter_file),
@@ -53,12 +54,10 @@ def _save_state(out, model, circuit, state):
 
 
 def _load_state(out, model, peft_model, cfg):
-    from safetensors.torch import load_file
     path = os.path.join(out, "state", STATE_FILE)
     if not os.path.exists(path):
         return None, None
-    with open(path) as f:
-        state = json.load(f)
+    state = _read_state(path)
     if state.get("fingerprint") != _fingerprint(cfg):
         raise RecipeError(f"{path} was written by a different recipe; remove {out}/state to "
                           f"start over")
@@ -67,9 +66,18 @@ def _load_state(out, model, peft_model, cfg):
     if missing:  # a committed state always has both: someone removed them
         raise RecipeError(f"{path} names {', '.join(missing)}, which is missing; remove "
                           f"{out}/state to start over")
-    load_adapter_state(peft_model, load_file(os.path.join(out, "state", state["adapter_file"])))
+    load_adapter_state(peft_model, read_tensors(os.path.join(out, "state", state["adapter_file"])))
     circuit = Graph.from_json(os.path.join(out, "state", state["circuit_file"]), model)
     return state, circuit
+
+
+def _read_state(path):
+    """state.json through the checked reader: a JSON object naming its round's two files."""
+    state = read_json(path)
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), str)
+                                              for k in ("adapter_file", "circuit_file")):
+        raise damaged(path, "not a condensation state (no adapter_file and circuit_file)")
+    return state
 
 
 RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "intervention", "metric",
@@ -96,8 +104,7 @@ def check_state(cfg: CondenseConfig) -> None:
     check_init_circuit_model(cfg)
     path = os.path.join(cfg.output_dir, "state", STATE_FILE)
     if os.path.exists(path):
-        with open(path) as f:
-            state = json.load(f)
+        state = _read_state(path)
         if state.get("fingerprint") != _fingerprint(cfg):
             old = state.get("fingerprint") or {}
             keys = sorted(k for k in set(old) | set(_fingerprint(cfg))
@@ -112,6 +119,11 @@ def save_adapter(peft_model, out, base_model=None):
     which for a named model is this machine's cache folder."""
     import shutil
     import tempfile
+    with writing(out):  # a full disk or read-only folder: one line (peft's own writes inside)
+        _save_adapter(peft_model, out, base_model, shutil, tempfile)
+
+
+def _save_adapter(peft_model, out, base_model, shutil, tempfile):
     tmp = tempfile.mkdtemp(dir=out, prefix=".adapter-")
     try:
         peft_model.save_pretrained(tmp)
