@@ -40,10 +40,10 @@ def log(msg: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="base model whose shipped runs are measured")
     ap.add_argument("--runs", nargs="*", default=None, help="run folders (default: the model's shipped ones)")
     ap.add_argument("--out", required=True, help="JSON of every card, written after each run")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (condense.runtime's policy)")
     args = ap.parse_args(argv)
     runs = args.runs or shipped_runs(args.model)
     results = {}

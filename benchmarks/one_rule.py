@@ -108,11 +108,11 @@ def one_task(task, model_name, gate_search, batch_size):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tasks", nargs="+", default=["ioi", "agreement"])
+    ap.add_argument("--model", default="smollm2-135m", help="base model of the shipped runs")
+    ap.add_argument("--tasks", nargs="+", default=["ioi", "agreement"], help="tasks with a shipped EAP-IG run and C1s")
     ap.add_argument("--no-gate-search", action="store_true", help="skip the frozen search under `gate`")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch-size", type=int, default=16, help="prompts per pass")
+    ap.add_argument("--out", required=True, help="JSON of the results, written after each task")
     args = ap.parse_args(argv)
     results = {}
     if os.path.exists(args.out):

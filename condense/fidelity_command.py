@@ -16,7 +16,7 @@ import time
 
 from transformers import HfArgumentParser
 
-from .artifacts import write_json
+from .artifacts import read_json, write_json
 from .fidelity import FidelityConfig, measure, to_json
 
 
@@ -42,9 +42,7 @@ def write_card(run_dir: str, card: dict, out: str | None = None) -> str:
     write_json(path, to_json(card))
     metrics_path = os.path.join(out, "metrics.json")
     if os.path.abspath(out) == os.path.abspath(run_dir) and os.path.exists(metrics_path):
-        import json
-        with open(metrics_path) as f:
-            metrics = json.load(f)
+        metrics = read_json(metrics_path)
         metrics["fidelity"] = to_json(dict(summary=card["summary"], flags=card["flags"]))
         write_json(metrics_path, metrics)
     return path
@@ -52,7 +50,7 @@ def write_card(run_dir: str, card: dict, out: str | None = None) -> str:
 
 def main(argv=None) -> int:
     from .report import refresh_report
-    from .runs import FolderLock, read_run
+    from .runs import open_output, read_run
     fcfg, args = parser().parse_args_into_dataclasses(argv)
     try:
         fcfg.check()
@@ -61,21 +59,14 @@ def main(argv=None) -> int:
         return 2
     run = read_run(args.run_dir, "measure the fidelity of")
     out = args.out or args.run_dir
-    if not os.access(out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out)), os.W_OK):
-        print(f"condense fidelity: {out} is not writable; pass --out DIR", file=sys.stderr)
-        return 1
     os.makedirs(out, exist_ok=True)
-    lock = FolderLock(out)
-    lock.acquire()
+    lock = open_output(out, reads=args.run_dir)  # refuses an unwritable folder before any model loads
     try:
         start = time.perf_counter()
         net, tokenizer, _ = run.load_model(threads=args.threads)
         circuit = run.circuit(net)
-        metrics = {}
-        if os.path.exists(os.path.join(args.run_dir, "metrics.json")):
-            import json
-            with open(os.path.join(args.run_dir, "metrics.json")) as f:
-                metrics = json.load(f)
+        metrics_path = os.path.join(args.run_dir, "metrics.json")
+        metrics = read_json(metrics_path) if os.path.exists(metrics_path) else {}
         card = measure(net, tokenizer, circuit, run.config, fcfg,
                        means=run.means(net, circuit, tokenizer), gate_ppl_ratio=metrics.get("ppl_ratio"),
                        log=_log)
