@@ -334,7 +334,9 @@ def test_a_run_killed_at_a_random_write_leaves_valid_files_and_resumes(
         verify_run(out, n=8, threads=1, progress=False, local=True, pairs=False)
         got = json.load(open(os.path.join(out, "verify.json")))
         want = json.load(open(os.path.join(reference, "verify.json")))
-        for key in set(want) - {"run_dir", "timing", "resumed_subset_prompts"}:
+        for key in set(want) - {"run_dir", "timing"}:
+            if "resumed" in key or "replayed" in key:  # what the rerun took from the killed one's saves
+                continue
             assert got[key] == want[key], (key, kill_at)
     else:
         run_into(out)()
