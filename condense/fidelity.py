@@ -30,20 +30,19 @@ folder and condensation runs write it at the end (recipe key `fidelity`).
 """
 import math
 import re
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from . import tasks
 from .attribute import attribute
 from .curves import Rule, smallest_passing
 from .evaluate import EvalReference, empty_logit_diffs, evaluate, reference_outputs
+from .full_model import OriginalOutputs, load_rows, logit_diffs, original
 from .graph import Graph
 from .intervals import bootstrap, proportion
-from .metrics import block_losses, kl_rows, last_logits
+from .metrics import last_logits
 from .node_ablation import node_ablation_effects
 
 SECTIONS = ("distribution", "generalisation", "adapter_off", "nodes", "adapter", "full_model")
@@ -100,11 +99,6 @@ class FidelityConfig:
 
 
 # ---------------------------------------------------------------- helpers
-def original(model):
-    """Context in which `model` is the original: a PeftModel with its adapter off."""
-    return model.disable_adapter() if hasattr(model, "disable_adapter") and _has_adapter(model) else nullcontext()
-
-
 def _has_adapter(model) -> bool:
     return bool(getattr(model, "peft_config", None))
 
@@ -126,16 +120,6 @@ def _rates(m: dict) -> dict:
         kl=bootstrap(r["kl"]),
         faithfulness=bootstrap([ld, ld_full, ld_empty], _f),
         logit_diff=m["logit_diff"], logit_diff_original=m["logit_diff_full"])
-
-
-def _load_rows(task, tokenizer, split, n, seed):
-    """`n` rows of `split`, or as many as the split has when it has fewer (stated by len)."""
-    try:
-        return tasks.load_task(task, tokenizer, split, n=n, seed=seed)
-    except ValueError:
-        if n <= 16:
-            raise
-        return _load_rows(task, tokenizer, split, n // 2, seed)
 
 
 @dataclass
@@ -208,14 +192,14 @@ def measure(model, tokenizer, circuit: Graph, run_cfg, fcfg: Optional[FidelityCo
 def _distribution(model, tokenizer, circuit, run, fcfg, means, cache):
     key = ("test", run.task, run.seed, fcfg.rows, fcfg.max_rows, fcfg.error_rows, run.intervention)
     if key not in cache:
-        rows = _load_rows(run.task, tokenizer, "test", fcfg.rows, run.seed)
+        rows = load_rows(run.task, tokenizer, "test", fcfg.rows, run.seed)
         with original(model):
             full = last_logits(model, rows["clean_ids"], run.batch_size)
-        errors = int((_ld(full, rows) <= 0).sum())
+        errors = int((logit_diffs(full, rows) <= 0).sum())
         if errors < fcfg.error_rows and len(rows) < fcfg.max_rows and len(rows) == fcfg.rows:
             # enough rows that the original errs on error_rows, from its error rate so far
             want = min(fcfg.max_rows, math.ceil(1.2 * fcfg.error_rows * len(rows) / max(errors, 1)))
-            rows = _load_rows(run.task, tokenizer, "test", want, run.seed)
+            rows = load_rows(run.task, tokenizer, "test", want, run.seed)
         with original(model):
             ref = reference_outputs(model, circuit, rows, run.intervention, run.batch_size, means)
         cache[key] = (rows, ref)
@@ -233,12 +217,6 @@ def _distribution(model, tokenizer, circuit, run, fcfg, means, cache):
         rows=int(errs.sum()), wanted=fcfg.error_rows, enough=bool(int(errs.sum()) >= fcfg.error_rows),
         repeated=proportion((ld <= 0)[errs]) if errs.any() else None)
     return out, dict(rows=rows, ref=ref, eval=m)
-
-
-def _ld(logits, rows):
-    answer = torch.as_tensor(rows["answer_id"])
-    distractor = torch.as_tensor(rows["distractor_id"])
-    return logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, distractor[:, None])[:, 0]
 
 
 def _generalisation(model, tokenizer, circuit, run, fcfg, means, state):
@@ -275,7 +253,7 @@ def _ranking(model, tokenizer, run, fcfg, means, cache) -> Graph:
             graph.reset()
         else:
             graph = Graph.from_model(model)
-            rows = _load_rows(run.task, tokenizer, "train", fcfg.ranking_rows, run.seed)
+            rows = load_rows(run.task, tokenizer, "train", fcfg.ranking_rows, run.seed)
             with original(model):
                 attribute(model, graph, rows, "eap_ig_inputs", ig_steps=run.ig_steps,
                           intervention=run.intervention, metric=run.metric,
@@ -291,7 +269,7 @@ def _adapter_off(model, tokenizer, circuit, run, fcfg, means, state, cache, log)
                      means=means, per_row=True)
     out = _rates(m)
     ranking = _ranking(model, tokenizer, run, fcfg, means, cache)
-    val = _load_rows(run.task, tokenizer, "val", run.n_val, run.seed)
+    val = load_rows(run.task, tokenizer, "val", run.n_val, run.seed)
     rule = Rule("faithfulness", threshold=fcfg.completion_threshold)
     with original(model):
         found = smallest_passing(model, ranking, val, rule, intervention=run.intervention,
@@ -312,7 +290,7 @@ def _adapter_off(model, tokenizer, circuit, run, fcfg, means, state, cache, log)
 def _nodes(model, tokenizer, circuit, run, fcfg, state, cache):
     key = ("nodes", run.task, run.seed, fcfg.node_rows, run.intervention)
     if key not in cache:
-        rows = _load_rows(run.task, tokenizer, "test", fcfg.node_rows, run.seed)
+        rows = load_rows(run.task, tokenizer, "test", fcfg.node_rows, run.seed)
         with original(model):
             cache[key] = node_ablation_effects(model, rows, run.intervention, run.batch_size)
     effects = cache[key]
@@ -423,39 +401,12 @@ def _adapter(model, circuit):
 
 
 def _full_model(model, tokenizer, run, fcfg, gate_ppl_ratio, cache):
-    out = dict(tasks={}, accuracy_tol=run.accuracy_tol)
-    for task in tasks.TASKS:
-        key = ("task", task, run.seed, fcfg.task_rows)
-        try:
-            if key not in cache:
-                rows = _load_rows(task, tokenizer, "test", fcfg.task_rows, run.seed)
-                with original(model):
-                    cache[key] = (rows, last_logits(model, rows["clean_ids"], run.batch_size))
-            rows, orig = cache[key]
-        except ValueError as e:  # a task this tokenizer cannot pose (names of several tokens)
-            out["tasks"][task] = dict(error=str(e))
-            continue
-        healed = last_logits(model, rows["clean_ids"], run.batch_size)
-        ld, ld_o = _ld(healed, rows), _ld(orig, rows)
-        acc, acc_o = proportion(ld > 0), proportion(ld_o > 0)
-        out["tasks"][task] = dict(
-            n=len(rows), accuracy=acc, accuracy_original=acc_o, drop=acc_o["value"] - acc["value"],
-            kl=bootstrap(kl_rows(F.log_softmax(orig, -1), F.log_softmax(healed, -1))),
-            top1_agreement=proportion(healed.argmax(-1) == orig.argmax(-1)),
-            choice_agreement=proportion((ld > 0) == (ld_o > 0)),
-            broken=bool(acc_o["value"] - acc["value"] > run.accuracy_tol))
-    key = ("text", fcfg.text_path, fcfg.text_blocks, fcfg.text_block_size)
+    key = ("full_model", run.seed, fcfg.task_rows, fcfg.text_path, fcfg.text_blocks, fcfg.text_block_size)
     if key not in cache:
-        blocks = list(tasks.second_source_text(tokenizer, fcfg.text_blocks, fcfg.text_block_size,
-                                               fcfg.text_path)["input_ids"])
-        with original(model):
-            cache[key] = (blocks, block_losses(model, blocks, run.batch_size))
-    blocks, loss_o = cache[key]
-    loss = block_losses(model, blocks, run.batch_size)
-    ratio = bootstrap([loss, loss_o], lambda a, b: math.exp(float(a.mean() - b.mean())))
-    out["text"] = dict(source=fcfg.text_path, blocks=len(blocks), tokens=len(blocks) * fcfg.text_block_size,
-                       ppl=math.exp(float(loss.mean())), ppl_original=math.exp(float(loss_o.mean())),
-                       ppl_ratio=ratio, gate_ppl_ratio=gate_ppl_ratio, ppl_ratio_max=run.ppl_ratio_max)
+        cache[key] = OriginalOutputs(model, tokenizer, tasks.TASKS, "test", fcfg.task_rows, run.seed,
+                                     run.batch_size, fcfg.text_blocks, fcfg.text_block_size, fcfg.text_path)
+    out = cache[key].compare(model, run.accuracy_tol)
+    out["text"].update(gate_ppl_ratio=gate_ppl_ratio, ppl_ratio_max=run.ppl_ratio_max)
     return out
 
 

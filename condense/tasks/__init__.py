@@ -267,18 +267,28 @@ def second_source_documents(path: str = SECOND_SOURCE) -> list:
     return docs
 
 
+def _spread(starts: list, n: int) -> list:
+    """`n` of `starts` evenly over the whole text, not its first files (all when fewer)."""
+    if len(starts) <= n:
+        return starts
+    return [starts[round(i * (len(starts) - 1) / max(1, n - 1))] for i in range(n)]
+
+
 def second_source_text(tokenizer, n_blocks: int = 128, block_size: int = 128,
-                       path: str = SECOND_SOURCE) -> Dataset:
+                       path: str = SECOND_SOURCE, exclude: int = 0) -> Dataset:
     """`n_blocks` blocks of `block_size` tokens of a second source of English (`path`; by
     default the system's licence texts), spread evenly over it: for a perplexity that no heal
     trains on and that is not the general text the gate reads (pydoc). Blocks start as
     general_text's do (the tokenizer's prompt prefix). Fewer blocks than asked when the text
-    is shorter; the Dataset says how many it holds."""
+    is shorter; the Dataset says how many it holds. `exclude` > 0 leaves out the blocks that a
+    call with n_blocks=exclude returns (the gate reads text disjoint from the fidelity card's)."""
     text = "\n\n".join(t for _, t in second_source_documents(path))
     ids, prefix = _encode(tokenizer, text), prompt_prefix(tokenizer)
     step = block_size - len(prefix)
     starts = list(range(0, len(ids) - step + 1, step))
-    if len(starts) > n_blocks:  # evenly over the whole text, not its first files
-        starts = [starts[round(i * (len(starts) - 1) / max(1, n_blocks - 1))] for i in range(n_blocks)]
+    if exclude:
+        taken = set(_spread(starts, exclude))
+        starts = [s for s in starts if s not in taken]
+    starts = _spread(starts, n_blocks)
     blocks = [prefix + ids[i:i + step] for i in starts]
     return Dataset.from_dict(dict(input_ids=blocks, text=[tokenizer.decode(b) for b in blocks]))

@@ -5,6 +5,7 @@ from typing import Optional, Union
 
 from condense.artifacts import DamagedFile, read_json
 from condense.config import RecipeError, RunConfig, at_least, refuse
+from condense.tasks import SECOND_SOURCE, TASKS
 
 # PEFT's shorthand for every linear (and GPT-2 Conv1D) layer but the output head
 ALL_LINEAR = "all-linear"
@@ -92,6 +93,30 @@ class CondenseConfig(RunConfig):
         "help": "also require the circuit's val top-1 token (whole vocabulary) to equal the "
                 "original model's on at least this fraction of rows (e.g. 0.95); "
                 "0 = the design's gate (accuracy and perplexity only)"})
+    gate_tasks: str = field(default="all", metadata={
+        "help": "capability guard: the healed full model (adapter on, nothing ablated) must stay "
+                "within gate_task_tol of the original's accuracy, and under gate_task_kl of KL, on "
+                "gate_task_rows val rows of each of these tasks: all (the six built-in tasks), a "
+                "comma-separated list, or none (off: the design's gate, which let an adapter "
+                "break its own task's full model, docs/fidelity.md)"})
+    gate_task_rows: int = field(default=100, metadata={
+        "help": "val rows per task for the capability guard"})
+    gate_task_tol: Optional[float] = field(default=None, metadata={
+        "help": "largest accuracy drop of the healed full model on a guarded task (null: "
+                "gate_accuracy_tol)"})
+    gate_task_kl: float = field(default=0.5, metadata={
+        "help": "largest mean KL(original || healed full model) at the last position on a "
+                "guarded task's rows (0: no KL guard); the shipped SmolLM2 C1s reach 0.28 on their "
+                "own task, 0.04 on the others"})
+    gate_text_blocks: int = field(default=128, metadata={
+        "help": "capability guard: blocks of 128 tokens of second-source text (gate_text_path; "
+                "no heal trains on it, and none of the blocks the fidelity card reads) on which "
+                "perplexity (healed / original) must stay <= gate_text_ppl_ratio; its bootstrap "
+                "95-percent interval at 128 blocks is about +-0.01 (0: off)"})
+    gate_text_ppl_ratio: Optional[float] = field(default=None, metadata={
+        "help": "largest second-source perplexity ratio (null: gate_ppl_ratio)"})
+    gate_text_path: str = field(default=SECOND_SOURCE, metadata={
+        "help": "folder (or file) of plain-text documents for that guard"})
     n_general: int = field(default=64, metadata={
         "help": "blocks of held-out general text (val split) for the perplexity gate"})
     rank_at_circuit: bool = field(default=True, metadata={
@@ -129,6 +154,18 @@ class CondenseConfig(RunConfig):
             at_least(self, key, 0)
         at_least(self, "heal_lr", 0, strict=True)
         at_least(self, "heal_temperature", 0, strict=True)
+        at_least(self, "gate_task_rows", 1)
+        at_least(self, "gate_text_blocks", 0)
+        at_least(self, "gate_task_kl", 0)
+        if self.gate_task_tol is not None:
+            at_least(self, "gate_task_tol", 0)
+        if self.gate_text_ppl_ratio is not None:
+            at_least(self, "gate_text_ppl_ratio", 0, strict=True)
+        bad = sorted(set(guarded_tasks(self.gate_tasks)) - set(TASKS)) if self.gate_tasks not in ("all", "none") else []
+        if bad:
+            refuse(self, "gate_tasks", f"{', '.join(bad)} not a task: all, none, or of {', '.join(TASKS)}")
+        if self.gate_text_blocks and not os.path.exists(self.gate_text_path):
+            refuse(self, "gate_text_path", "no such file or folder (gate_text_blocks=0 turns the guard off)")
         if not 0 <= self.gate_faithfulness <= 1:
             refuse(self, "gate_faithfulness", "must lie in [0, 1] (0: off)")
         if not 0 <= self.gate_top1_agreement <= 1:
@@ -202,3 +239,12 @@ def check_init_circuit_model(cfg):
     if start.prune().count_edges() == 0:
         raise RecipeError(f"recipe key 'init_circuit': {cfg.init_circuit} has no edge on an "
                           f"input -> logits path")
+
+
+def guarded_tasks(value: str) -> tuple:
+    """The tasks a gate_tasks value names: all, none, or a comma-separated list."""
+    if value == "all":
+        return TASKS
+    if value in ("none", "", None):
+        return ()
+    return tuple(t.strip() for t in value.split(",") if t.strip())

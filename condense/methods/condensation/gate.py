@@ -1,5 +1,5 @@
-"""The gate (held-out accuracy, perplexity and optionally faithfulness and top-1 agreement
-against the original model) and the circuit metrics condensation reports."""
+"""The gate (held-out accuracy, perplexity, the capability guards, and optionally faithfulness
+and top-1 agreement against the original model) and the circuit metrics condensation reports."""
 import math
 
 import torch
@@ -12,9 +12,15 @@ from condense.evaluate import (
     evaluate,
     reference_outputs,
 )
+from condense.fidelity import FidelityConfig
+from condense.full_model import OriginalOutputs
 from condense.metrics import ACCURACY_EPS, perplexity
 
+from .config import guarded_tasks
 from .healing import adapter_state
+
+# the guard reads second-source blocks other than the fidelity card's
+CARD_TEXT_BLOCKS = FidelityConfig.text_blocks
 
 
 class Gate:
@@ -27,9 +33,15 @@ class Gate:
     general-text perplexity) depends on the adapter, not on the circuit, and a whole verdict
     depends on both: each is kept with an exact copy of the adapter (and circuit) it was
     measured for and reused while they are unchanged, e.g. for consecutive candidates
-    accepted before healing, or the check after a heal that ended on an accepting check."""
+    accepted before healing, or the check after a heal that ended on an accepting check.
 
-    def __init__(self, model, graph, rows_val, blocks, cfg, means=None):
+    The capability guards (`gate_tasks`, `gate_text_blocks`; they need the `tokenizer`) ask of
+    the healed *full* model (adapter on, nothing ablated) what the circuit checks cannot: that
+    it still does every task and still models text the heal never trains on. They depend on the
+    adapter alone, so they are measured once per adapter, and only for a candidate that passes
+    every other check (a rejected candidate never pays for them)."""
+
+    def __init__(self, model, graph, rows_val, blocks, cfg, means=None, tokenizer=None):
         self.rows, self.blocks, self.cfg, self.means = rows_val, blocks, cfg, means
         self.reference = reference_outputs(model, graph, rows_val, cfg.intervention, cfg.batch_size,
                                            means)
@@ -40,7 +52,9 @@ class Gate:
         ld = full.gather(1, ans[:, None])[:, 0] - full.gather(1, dis[:, None])[:, 0]
         self.accuracy_original = (ld > 0).float().mean().item()
         self.ppl_original = perplexity(model, blocks, cfg.batch_size) if blocks else math.nan
+        self.guards = _guards(model, tokenizer, cfg)
         self._model_part = None  # (adapter, empty LD on val, general-text ppl)
+        self._guard = None  # (adapter, guard fields)
         self._verdict = None  # (adapter, circuit edges, (ok, metrics))
 
     def __call__(self, model, circuit):
@@ -67,13 +81,53 @@ class Gate:
         ok_f = cfg.gate_faithfulness <= 0 or bool(m["faithfulness"] >= cfg.gate_faithfulness)
         ok_top1 = (cfg.gate_top1_agreement <= 0
                    or bool(m["top1_agreement"] >= cfg.gate_top1_agreement - ACCURACY_EPS))
-        verdict = ok_acc and ok_empty and ok_ppl and ok_f and ok_top1, dict(
+        ok = ok_acc and ok_empty and ok_ppl and ok_f and ok_top1
+        guard = _NO_GUARD
+        if ok and self.guards is not None:
+            if self._guard is None or not _same(self._guard[0], adapter):
+                self._guard = (adapter, self._check_guards(model))
+            guard = self._guard[1]
+            ok = guard["gate_tasks"] and guard["gate_text"]
+        verdict = ok, dict(
             accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
             kl=m["kl"], top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
             gate_accuracy=ok_acc,
-            gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f, gate_top1=ok_top1)
+            gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f, gate_top1=ok_top1, **guard)
         self._verdict = (adapter, circuit.in_graph.clone(), verdict)
         return verdict
+
+
+    def _check_guards(self, model) -> dict:
+        """The healed full model against the original on the guarded tasks and the text."""
+        cfg = self.cfg
+        tol = cfg.gate_task_tol if cfg.gate_task_tol is not None else cfg.gate_accuracy_tol
+        c = self.guards.compare(model, tol, cfg.gate_task_kl or None)
+        broken = sorted(t for t, r in c["tasks"].items() if r.get("broken"))
+        drops = [r["drop"] for r in c["tasks"].values() if "drop" in r]
+        text = c.get("text")
+        text_ratio = text["ppl_ratio"]["value"] if text else math.nan
+        max_ratio = cfg.gate_text_ppl_ratio if cfg.gate_text_ppl_ratio is not None else cfg.gate_ppl_ratio
+        return dict(gate_tasks=not broken, gate_text=not text or bool(text_ratio <= max_ratio),
+                    broken_tasks=",".join(broken), task_drop_max=max(drops) if drops else math.nan,
+                    task_kl_max=max((r["kl"]["value"] for r in c["tasks"].values() if "kl" in r),
+                                    default=math.nan),
+                    text_ppl_ratio=text_ratio)
+
+
+# the guard fields of a verdict whose guards were not asked (off, or another check failed)
+_NO_GUARD = dict(gate_tasks=True, gate_text=True, broken_tasks="", task_drop_max=math.nan,
+                 task_kl_max=math.nan, text_ppl_ratio=math.nan)
+
+
+def _guards(model, tokenizer, cfg):
+    """The original's outputs the capability guards compare with (None when both are off)."""
+    names = guarded_tasks(getattr(cfg, "gate_tasks", "none"))
+    text_blocks = getattr(cfg, "gate_text_blocks", 0)
+    if tokenizer is None or not (names or text_blocks):
+        return None
+    return OriginalOutputs(model, tokenizer, names, "val", cfg.gate_task_rows, cfg.seed, cfg.batch_size,
+                           text_blocks=text_blocks, text_path=cfg.gate_text_path,
+                           text_exclude=CARD_TEXT_BLOCKS)
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -143,7 +143,8 @@ class _Loop:
         self.target_logp = last_logprobs(model, self.rows["train"], cfg.batch_size) if cfg.heal else None
         self.corrupted_logp = (last_logprobs(model, self.rows["train"], cfg.batch_size, "corrupted_ids")
                                if cfg.heal and cfg.heal_corrupted_weight > 0 else None)
-        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg, self.means)
+        self.gate = Gate(model, self.full, self.rows["val"], self.blocks, cfg, self.means,
+                         tokenizer=ctx.tokenizer)
         self.test_ref = reference_outputs(model, self.full, self.rows["test"], cfg.intervention,
                                           cfg.batch_size, self.means)
         log(f"original model: val accuracy {self.gate.accuracy_original:.3f}, general-text ppl "
@@ -230,7 +231,7 @@ class _Loop:
             f"{record['top1_agreement']:.3f}: {'accepted' if ok else 'rejected'}"
             + (f" ({note})" if note else "")
             + ("" if g["gate_empty"] else f"; the empty circuit passes too "
-               f"(accuracy {record['accuracy_empty']:.3f})"))
+               f"(accuracy {record['accuracy_empty']:.3f})") + _guard_note(g))
         if is_main():
             _wandb_log(self.ctx.accelerator, cfg, record)
         state["rounds"].append(record)
@@ -417,13 +418,26 @@ def run_condense(ctx: RunContext) -> dict:
 
 
 # what a round's (and the final heal's) record keeps of the gate's verdict
-GATE_FIELDS = ("accuracy", "accuracy_empty", "ppl_ratio", "kl", "top1_agreement", "faithfulness")
+GATE_FIELDS = ("accuracy", "accuracy_empty", "ppl_ratio", "kl", "top1_agreement", "faithfulness",
+               "task_drop_max", "task_kl_max", "text_ppl_ratio", "broken_tasks")
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
-_NOT_GATED = dict({k: math.nan for k in GATE_FIELDS}, gate_empty=True)
+_NOT_GATED = dict({k: math.nan for k in GATE_FIELDS}, gate_empty=True, gate_tasks=True, gate_text=True,
+                  broken_tasks="")
 
 
 def _gate_fields(g: dict) -> dict:
-    return {k: g[k] for k in GATE_FIELDS}
+    return {k: g.get(k, math.nan) for k in GATE_FIELDS}
+
+
+def _guard_note(g: dict) -> str:
+    """Why the capability guards rejected a candidate ('' when they did not)."""
+    parts = []
+    if not g.get("gate_tasks", True):
+        parts.append(f"the healed full model breaks {g['broken_tasks']} (largest accuracy drop "
+                     f"{g['task_drop_max']:.3f}, largest KL {g['task_kl_max']:.3f})")
+    if not g.get("gate_text", True):
+        parts.append(f"second-source perplexity ratio {g['text_ppl_ratio']:.4f}")
+    return "; guard: " + "; ".join(parts) if parts else ""
 
 
 class _Skip(Exception):

@@ -6,6 +6,7 @@ import os
 from condense.artifacts import atomic_write, damaged, read_json, read_tensors, writing, write_json
 from condense.config import RecipeError
 from condense.graph import Graph
+from condense.tasks import SECOND_SOURCE
 from condense.optimize import world
 
 from .config import CondenseConfig, check_init_circuit_model
@@ -87,11 +88,16 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "heal_general_weight", "heal_general_batch", "heal_ablated_grad",
                "heal_stop_loss", "gate_faithfulness", "rank_rows", "early_rank_method",
                "early_rank_edges", "heal_if_needed", "heal_dtype", "heal_gate_every",
-               "gate_empty_fails", "heal_corrupted_weight", "gate_top1_agreement", "heal_temperature")
+               "gate_empty_fails", "heal_corrupted_weight", "gate_top1_agreement", "heal_temperature",
+               "gate_tasks", "gate_task_rows", "gate_task_tol", "gate_task_kl", "gate_text_blocks",
+               "gate_text_ppl_ratio", "gate_text_path")
 # a key at this value is left out of the fingerprint, so a state written before it existed resumes
 OFF = dict(gate_faithfulness=0.0, rank_rows=None, early_rank_method=None, early_rank_edges=0,
            heal_if_needed=False, heal_dtype=None, heal_gate_every=0, gate_empty_fails=False,
-           heal_corrupted_weight=0.0, gate_top1_agreement=0.0, heal_temperature=1.0)
+           heal_corrupted_weight=0.0, gate_top1_agreement=0.0, heal_temperature=1.0,
+           # the guards: off, and their settings at the defaults they have had since they exist
+           gate_tasks="none", gate_text_blocks=0, gate_task_rows=100, gate_task_tol=None,
+           gate_task_kl=0.5, gate_text_ppl_ratio=None, gate_text_path=SECOND_SOURCE)
 
 
 def _fingerprint(cfg):
