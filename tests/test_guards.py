@@ -116,3 +116,34 @@ def test_the_new_gate_rejects_the_shipped_agreement_fp32_adapter(smollm2):  # no
     assert g["gate_accuracy"] and g["gate_ppl"] and g["gate_empty"]  # the old gate's checks pass
     assert not ok and not g["gate_tasks"] and "agreement" in g["broken_tasks"].split(","), g
     assert g["task_drop_max"] > 0.3
+
+
+# ---------------------------------------------------------------- a gate that is not the noise
+def test_paired_lower_bound_is_the_normal_bound_of_the_paired_difference():
+    from statistics import NormalDist
+    c = torch.tensor([1, 1, 0, 1, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
+    o = torch.tensor([1, 1, 1, 1, 1, 1, 0, 1, 1, 1], dtype=torch.bool)
+    d = [float(a) - float(b) for a, b in zip(c.tolist(), o.tolist())]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    want = mean - NormalDist().inv_cdf(0.95) * sd / math.sqrt(len(d))
+    assert abs(gating.paired_lower_bound(c, o, 0.95) - want) < 1e-12
+    assert gating.paired_lower_bound(c, o, 0.0) == mean == -0.2
+    assert gating.paired_lower_bound(o, o, 0.95) == 0.0  # no discordant row: no noise
+
+
+def test_gate_confidence_rejects_a_circuit_at_the_floor_that_the_point_rule_accepts():
+    gate, net, circuit = _organism_gate(gate_tasks="none", gate_text_blocks=0, gate_accuracy_tol=1.0,
+                                        gate_ppl_ratio=math.inf, gate_empty_fails=False)
+    small = circuit.copy()  # half the edges: a circuit that loses some rows
+    small.in_graph &= torch.rand(small.in_graph.shape, generator=torch.Generator().manual_seed(3)) < 0.5
+    _, g = gate(net, small)
+    drop = gate.accuracy_original - g["accuracy"]
+    assert drop > 0, "the half circuit must lose rows for this test"
+    at_floor = dict(gate_tasks="none", gate_text_blocks=0, gate_accuracy_tol=drop, gate_ppl_ratio=math.inf,
+                    gate_empty_fails=False)
+    point, net, _ = _organism_gate(**at_floor)
+    assert point(net, small)[0]  # exactly at the floor: the point rule accepts
+    bound, net, _ = _organism_gate(gate_confidence=0.95, **at_floor)
+    ok, g = bound(net, small)
+    assert not ok and not g["gate_accuracy"] and g["accuracy_margin_low"] < -drop

@@ -84,6 +84,12 @@ class CondenseConfig(RunConfig):
         "help": "also require the empty circuit (model with adapter, every edge ablated) to "
                 "fail the accuracy gate on val: an adapter that answers from the corrupted "
                 "run leaves a circuit whose edges carry nothing (false: the design's gate)"})
+    gate_confidence: float = field(default=0.0, metadata={
+        "help": "accept only when the one-sided lower bound at this confidence (e.g. 0.95) on "
+                "the circuit's val accuracy minus the original's, paired over the same rows, is "
+                ">= -gate_accuracy_tol: an accepted round is above the floor beyond sampling "
+                "noise (benchmarks/gate_noise.py counts the shipped rounds that are not). "
+                "0: the point rule (the design's gate)"})
     gate_ppl_ratio: float = field(default=1.05, metadata={
         "help": "accept a round when general-text ppl (adapter) / ppl (original) <= this"})
     gate_faithfulness: float = field(default=0.0, metadata={
@@ -166,6 +172,8 @@ class CondenseConfig(RunConfig):
             refuse(self, "gate_tasks", f"{', '.join(bad)} not a task: all, none, or of {', '.join(TASKS)}")
         if self.gate_text_blocks and not os.path.exists(self.gate_text_path):
             refuse(self, "gate_text_path", "no such file or folder (gate_text_blocks=0 turns the guard off)")
+        if not 0 <= self.gate_confidence < 1:
+            refuse(self, "gate_confidence", "must lie in [0, 1) (0: the point rule)")
         if not 0 <= self.gate_faithfulness <= 1:
             refuse(self, "gate_faithfulness", "must lie in [0, 1] (0: off)")
         if not 0 <= self.gate_top1_agreement <= 1:

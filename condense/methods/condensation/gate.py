@@ -1,6 +1,7 @@
 """The gate (held-out accuracy, perplexity, the capability guards, and optionally faithfulness
 and top-1 agreement against the original model) and the circuit metrics condensation reports."""
 import math
+from statistics import NormalDist
 
 import torch
 
@@ -70,10 +71,14 @@ class Gate:
             self._model_part = (adapter, empty, ppl)
         _, empty, ppl = self._model_part
         m = circuit_metrics(model, circuit, self.rows, self.reference, cfg, empty_logit_diff=empty,
-                            means=self.means)
+                            means=self.means, per_row=True)
         ratio = ppl / self.ppl_original if self.blocks else 1.0
         floor = self.accuracy_original - cfg.gate_accuracy_tol - ACCURACY_EPS
-        ok_acc = m["accuracy"] >= floor
+        rows = m.pop("per_row")
+        margin_low = paired_lower_bound(rows["logit_diff"] > 0, rows["logit_diff_full"] > 0,
+                                        getattr(cfg, "gate_confidence", 0.0))
+        ok_acc = m["accuracy"] >= floor and (
+            not getattr(cfg, "gate_confidence", 0.0) or margin_low >= -cfg.gate_accuracy_tol - ACCURACY_EPS)
         # an adapter can learn to answer from the corrupted run itself; then the circuit's
         # edges carry nothing and the verifier's verdicts on its subsets are vacuous
         ok_empty = not cfg.gate_empty_fails or m["accuracy_empty"] < floor
@@ -91,7 +96,7 @@ class Gate:
         verdict = ok, dict(
             accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
             kl=m["kl"], top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
-            gate_accuracy=ok_acc,
+            accuracy_margin_low=margin_low, gate_accuracy=ok_acc,
             gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f, gate_top1=ok_top1, **guard)
         self._verdict = (adapter, circuit.in_graph.clone(), verdict)
         return verdict
@@ -135,7 +140,20 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=None, means=None):
+def paired_lower_bound(circuit_right: torch.Tensor, original_right: torch.Tensor,
+                       confidence: float) -> float:
+    """One-sided lower bound at `confidence` on mean(circuit right - original right) over the
+    same rows (normal approximation of the paired difference; the point estimate at 0)."""
+    d = circuit_right.double() - original_right.double()
+    mean = float(d.mean())
+    if not confidence or len(d) < 2:
+        return mean
+    z = NormalDist().inv_cdf(confidence)
+    return mean - z * float(d.std(unbiased=True)) / math.sqrt(len(d))
+
+
+def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=None, means=None,
+                    per_row=False):
     """evaluate() against the ORIGINAL model: KL, faithfulness and top-1 agreement use the
     original full logits; the empty circuit is the current model's (adapter included; pass
     its per-row logit difference if it is known already). `means`: what removed edges carry
@@ -144,7 +162,8 @@ def circuit_metrics(model, circuit, rows, original_ref, cfg, empty_logit_diff=No
         empty_logit_diff = empty_logit_diffs(model, circuit, rows, cfg.intervention, cfg.batch_size,
                                              means)
     ref = EvalReference(original_ref.full_logits, empty_logit_diff, cfg.intervention)
-    return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref, means=means)
+    return evaluate(model, circuit, rows, cfg.intervention, cfg.batch_size, reference=ref, means=means,
+                    per_row=per_row)
 
 
 def template_split_metrics(model, circuit, rows, original_ref, cfg, means=None):

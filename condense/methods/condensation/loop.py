@@ -419,7 +419,7 @@ def run_condense(ctx: RunContext) -> dict:
 
 # what a round's (and the final heal's) record keeps of the gate's verdict
 GATE_FIELDS = ("accuracy", "accuracy_empty", "ppl_ratio", "kl", "top1_agreement", "faithfulness",
-               "task_drop_max", "task_kl_max", "text_ppl_ratio", "broken_tasks")
+               "accuracy_margin_low", "task_drop_max", "task_kl_max", "text_ppl_ratio", "broken_tasks")
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
 _NOT_GATED = dict({k: math.nan for k in GATE_FIELDS}, gate_empty=True, gate_tasks=True, gate_text=True,
                   broken_tasks="")
