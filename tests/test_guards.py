@@ -106,7 +106,9 @@ def test_the_new_gate_rejects_the_shipped_agreement_fp32_adapter(smollm2):  # no
     net, tok, _ = run.load_model(threads=2)
     circuit = run.circuit(net)
     # fewer guard rows and blocks than the default, for time; the break is far outside either's noise
-    cfg = dataclasses.replace(run.config, gate_task_rows=50, gate_text_blocks=16)
+    # (the run folder reads as it ran: without guards; they are turned on here)
+    cfg = dataclasses.replace(run.config, gate_tasks="all", gate_task_rows=50, gate_text_blocks=16)
+    assert run.config.gate_tasks == "none" and run.config.gate_confidence == 0
     rows = tasks.load_task(cfg.task, tok, "val", n=cfg.n_val, seed=cfg.seed)
     blocks = list(tasks.general_text(tok, "val")["input_ids"])[:16]
     with original(net):
@@ -142,8 +144,8 @@ def test_gate_confidence_rejects_a_circuit_at_the_floor_that_the_point_rule_acce
     assert drop > 0, "the half circuit must lose rows for this test"
     at_floor = dict(gate_tasks="none", gate_text_blocks=0, gate_accuracy_tol=drop, gate_ppl_ratio=math.inf,
                     gate_empty_fails=False)
-    point, net, _ = _organism_gate(**at_floor)
+    point, net, _ = _organism_gate(gate_confidence=0.0, **at_floor)
     assert point(net, small)[0]  # exactly at the floor: the point rule accepts
-    bound, net, _ = _organism_gate(gate_confidence=0.95, **at_floor)
+    bound, net, _ = _organism_gate(**at_floor)  # the default: gate_confidence=0.95
     ok, g = bound(net, small)
     assert not ok and not g["gate_accuracy"] and g["accuracy_margin_low"] < -drop

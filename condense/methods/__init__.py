@@ -78,6 +78,8 @@ def config_from(data: dict, where: str = "recipe", lenient: bool = False) -> Run
     method = get(data.get("method", RunConfig.method))
     owners = key_owners()
     ignore = set(owners) if lenient else ()
+    if lenient:  # a run folder's recipe.yaml holds every key the run had; one it lacks came later
+        data = dict(getattr(method.config, "added_later", {}), **data)
     cfg = from_dict(method.config, data, where=where, owners=owners, ignore=ignore)
     cfg.check()
     return cfg
