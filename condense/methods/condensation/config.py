@@ -46,6 +46,21 @@ class CondenseConfig(RunConfig):
                 "prompts (full graph) added to the heal loss: keeps the empty circuit (the "
                 "adapted model on the corrupted prompt) from learning to answer from the "
                 "corruption, which gate_empty_fails would reject. 0: the design's loss"})
+    heal_full_weight: float = field(default=0.0, metadata={
+        "help": "lever toward the original: weight of KL(original || model+adapter) at the last "
+                "position of the clean task prompts with every edge on, added to the heal loss: "
+                "the healed full model is held at the original on the task itself, not only the "
+                "circuit. 0: the design's loss"})
+    heal_adapter_penalty: float = field(default=0.0, metadata={
+        "help": "lever toward the original: weight of sum ||dW||^2 / sum ||W||^2 over the adapted "
+                "modules (dW = the LoRA's scaling * B A), added to the heal loss: a small adapter "
+                "changes the original little. 0: no penalty"})
+    lora_on_circuit: bool = field(default=False, metadata={
+        "help": "lever toward the original: before each heal, the adapter keeps (and trains) only "
+                "what writes from the candidate's own nodes: the output-projection columns of its "
+                "heads and the modules of its MLPs (with wider lora_targets, the attention modules "
+                "of layers with a circuit head); the rest is zeroed and frozen, so no new route "
+                "grows elsewhere. false: every adapted module heals"})
     heal_temperature: float = field(default=1.0, metadata={
         "help": "temperature of the task-row distillation: KL between the original's and the "
                 "circuit's next-token distributions both divided by it, times its square; below "
@@ -93,6 +108,11 @@ class CondenseConfig(RunConfig):
                 ">= -gate_accuracy_tol: an accepted round is above the floor beyond sampling "
                 "noise (benchmarks/gate_noise.py: 134 of 313 accepted rounds and 13 of 15 C1s of "
                 "the runs shipped before it were not). 0: the point rule (the design's gate)"})
+    gate_adapter_off_faithfulness: float = field(default=0.0, metadata={
+        "help": "lever toward the original: also require the circuit's val faithfulness on the "
+                "original weights (adapter off; f against the original's full and empty logit "
+                "differences) >= this: C1 must describe the original, not only the healed model. "
+                "0: off"})
     gate_ppl_ratio: float = field(default=1.05, metadata={
         "help": "accept a round when general-text ppl (adapter) / ppl (original) <= this"})
     gate_faithfulness: float = field(default=0.0, metadata={
@@ -108,7 +128,7 @@ class CondenseConfig(RunConfig):
                 "gate_task_rows val rows of each of these tasks: all (the six built-in tasks), a "
                 "comma-separated list, or none (off: the design's gate, which let an adapter "
                 "break its own task's full model, docs/fidelity.md)"})
-    gate_task_rows: int = field(default=100, metadata={
+    gate_task_rows: int = field(default=50, metadata={
         "help": "val rows per task for the capability guard"})
     gate_task_tol: Optional[float] = field(default=None, metadata={
         "help": "largest accuracy drop of the healed full model on a guarded task (null: "
@@ -117,11 +137,11 @@ class CondenseConfig(RunConfig):
         "help": "largest mean KL(original || healed full model) at the last position on a "
                 "guarded task's rows (0: no KL guard); the shipped SmolLM2 C1s reach 0.28 on their "
                 "own task, 0.04 on the others"})
-    gate_text_blocks: int = field(default=128, metadata={
+    gate_text_blocks: int = field(default=64, metadata={
         "help": "capability guard: blocks of 128 tokens of second-source text (gate_text_path; "
                 "no heal trains on it, and none of the blocks the fidelity card reads) on which "
                 "perplexity (healed / original) must stay <= gate_text_ppl_ratio; its bootstrap "
-                "95-percent interval at 128 blocks is about +-0.01 (0: off)"})
+                "95-percent interval at 64 blocks is about +-0.01 (0: off)"})
     gate_text_ppl_ratio: Optional[float] = field(default=None, metadata={
         "help": "largest second-source perplexity ratio (null: gate_ppl_ratio)"})
     gate_text_path: str = field(default=SECOND_SOURCE, metadata={
@@ -175,6 +195,10 @@ class CondenseConfig(RunConfig):
             refuse(self, "gate_tasks", f"{', '.join(bad)} not a task: all, none, or of {', '.join(TASKS)}")
         if self.gate_text_blocks and not os.path.exists(self.gate_text_path):
             refuse(self, "gate_text_path", "no such file or folder (gate_text_blocks=0 turns the guard off)")
+        for key in ("heal_full_weight", "heal_adapter_penalty"):
+            at_least(self, key, 0)
+        if not 0 <= self.gate_adapter_off_faithfulness <= 1:
+            refuse(self, "gate_adapter_off_faithfulness", "must lie in [0, 1] (0: off)")
         if not 0 <= self.gate_confidence < 1:
             refuse(self, "gate_confidence", "must lie in [0, 1) (0: the point rule)")
         if not 0 <= self.gate_faithfulness <= 1:

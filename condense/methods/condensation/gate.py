@@ -14,7 +14,7 @@ from condense.evaluate import (
     reference_outputs,
 )
 from condense.fidelity import FidelityConfig
-from condense.full_model import OriginalOutputs
+from condense.full_model import OriginalOutputs, original
 from condense.metrics import ACCURACY_EPS, perplexity
 
 from .config import guarded_tasks
@@ -56,13 +56,15 @@ class Gate:
         self.guards = _guards(model, tokenizer, cfg)
         self._model_part = None  # (adapter, empty LD on val, general-text ppl)
         self._guard = None  # (adapter, guard fields)
-        self._verdict = None  # (adapter, circuit edges, (ok, metrics))
+        self._verdict = None  # (adapter, circuit edges, (ok, metrics), guards asked)
 
-    def __call__(self, model, circuit):
+    def __call__(self, model, circuit, guards: bool = True):
+        """(accepted, the gate's fields). guards=False leaves the capability guards out (the
+        heal's early-stop checks: the round's own gate after the heal asks them)."""
         cfg = self.cfg
         adapter = adapter_state(model)
         if self._verdict is not None and _same(self._verdict[0], adapter) \
-                and torch.equal(self._verdict[1], circuit.in_graph):
+                and torch.equal(self._verdict[1], circuit.in_graph) and self._verdict[3] == guards:
             return self._verdict[2]
         if self._model_part is None or not _same(self._model_part[0], adapter):
             empty = empty_logit_diffs(model, circuit, self.rows, cfg.intervention, cfg.batch_size,
@@ -87,8 +89,14 @@ class Gate:
         ok_top1 = (cfg.gate_top1_agreement <= 0
                    or bool(m["top1_agreement"] >= cfg.gate_top1_agreement - ACCURACY_EPS))
         ok = ok_acc and ok_empty and ok_ppl and ok_f and ok_top1
+        f_off, floor_off = math.nan, getattr(cfg, "gate_adapter_off_faithfulness", 0.0)
+        if ok and floor_off > 0:  # the circuit on the original weights, against the original
+            with original(model):
+                f_off = evaluate(model, circuit, self.rows, cfg.intervention, cfg.batch_size,
+                                 reference=self.reference, means=self.means)["faithfulness"]
+            ok = bool(f_off >= floor_off)
         guard = _NO_GUARD
-        if ok and self.guards is not None:
+        if ok and guards and self.guards is not None:
             if self._guard is None or not _same(self._guard[0], adapter):
                 self._guard = (adapter, self._check_guards(model))
             guard = self._guard[1]
@@ -96,9 +104,10 @@ class Gate:
         verdict = ok, dict(
             accuracy=m["accuracy"], accuracy_empty=m["accuracy_empty"], ppl_ratio=ratio,
             kl=m["kl"], top1_agreement=m["top1_agreement"], faithfulness=m["faithfulness"],
-            accuracy_margin_low=margin_low, gate_accuracy=ok_acc,
+            accuracy_margin_low=margin_low, adapter_off_faithfulness=f_off, gate_accuracy=ok_acc,
+            gate_adapter_off=not floor_off or bool(f_off >= floor_off),
             gate_empty=ok_empty, gate_ppl=ok_ppl, gate_faithfulness=ok_f, gate_top1=ok_top1, **guard)
-        self._verdict = (adapter, circuit.in_graph.clone(), verdict)
+        self._verdict = (adapter, circuit.in_graph.clone(), verdict, guards)
         return verdict
 
 

@@ -1,6 +1,6 @@
 """Heal: a LoRA adapter on the residual-stream writers, trained by KL distillation to the
 original model while the pruned edges are ablated (docs/design.md §5)."""
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from condense.evaluate import dataset_columns
 from condense.methods.condensation.config import ALL_LINEAR
 from condense.metrics import eval_mode, kl_rows, pad_batch
-from condense.model_parts import model_shape
+from condense.model_parts import model_parts, model_shape
 from condense.optimize import Diverged, FitState, fit, shard
 from condense.patching import run_graph
 
@@ -141,12 +141,14 @@ def heal_loss(model, graph, cols, idx, target_logp, cfg, means=None):
     return kl_rows(target, logp).mean() * t * t
 
 
-def corrupted_loss(model, cols, idx, corrupted_logp):
+def corrupted_loss(model, cols, idx, corrupted_logp, prompts="corrupted_ids"):
     """KL(original || model with adapter) at the last position of the corrupted prompts, full
     graph: the model with adapter on a corrupted prompt is the empty circuit, so this keeps it
-    saying what the original says there instead of learning to answer from the corruption."""
+    saying what the original says there instead of learning to answer from the corruption.
+    With prompts="clean_ids" and the original's clean log-probs it is the full-model term
+    (heal_full_weight): the healed full model kept at the original on the task itself."""
     device = next(model.parameters()).device
-    ids, mask, lengths = pad_batch([list(cols["corrupted_ids"][i]) for i in idx])
+    ids, mask, lengths = pad_batch([list(cols[prompts][i]) for i in idx])
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
     last = logits[torch.arange(len(idx), device=device), (lengths - 1).to(device)]
     logp = F.log_softmax(last.float(), -1)
@@ -164,6 +166,77 @@ def general_loss(model, blocks):
         target = F.log_softmax(model(input_ids=ids).logits.float(), -1)
     logp = F.log_softmax(model(input_ids=ids).logits.float(), -1)
     return kl_rows(target, logp).mean()
+
+
+def lora_modules(model) -> list:
+    """(module, A weight, B weight, scaling) of every LoRA layer of the active adapter."""
+    out = []
+    for module in model.modules():
+        if hasattr(module, "lora_A") and len(module.lora_A):
+            name = next(iter(module.lora_A))
+            out.append((module, module.lora_A[name].weight, module.lora_B[name].weight,
+                        float(module.scaling[name])))
+    return out
+
+
+def adapter_size(model, base_norm2: float) -> torch.Tensor:
+    """sum ||dW||_F^2 / `base_norm2` over the LoRA layers, dW = scaling * B A, computed through
+    the r x r Gram matrices (||B A||^2 = sum (B^T B) * (A A^T)) so that it costs no d x d product."""
+    total = None
+    for _, a, b, scaling in lora_modules(model):
+        term = (scaling ** 2) * ((b.float().T @ b.float()) * (a.float() @ a.float().T)).sum()
+        total = term if total is None else total + term
+    return total / base_norm2 if total is not None else torch.zeros(())
+
+
+def base_norm2(model) -> float:
+    """sum ||W||_F^2 of the base weights under the LoRA layers (adapter_size's denominator)."""
+    return float(sum(float(m.base_layer.weight.float().pow(2).sum()) for m, *_ in lora_modules(model)))
+
+
+def circuit_lora_masks(model, graph) -> list:
+    """(weight, mask) for every LoRA weight: 1 where it writes from one of `graph`'s nodes (a
+    sender with an in-graph edge out), 0 elsewhere (lora_on_circuit). The output projection's
+    A keeps the input columns of the circuit's heads (so dW adds to those heads' outputs only);
+    the MLP's modules stay whole when its MLP is in the circuit; other attention modules stay
+    whole when a head of their layer is; anything else is masked."""
+    parts = model_parts(model)
+    hd = parts.shape.head_dim
+    sends = (graph.in_graph & graph.valid).any(1)
+    owner = {}  # id(module) -> (layer, kind)
+    for li, lp in enumerate(parts.layers):
+        for m in lp.mlp.modules():
+            owner[id(m)] = (li, "mlp")
+        for proj in (lp.q, lp.k, lp.v):
+            owner[id(proj.module)] = (li, "attn")
+        owner[id(lp.o_proj)] = (li, "o_proj")
+    out = []
+    for module, a, b, _ in lora_modules(model):
+        li, kind = owner.get(id(module), (None, None))
+        if kind == "o_proj":
+            heads = torch.tensor([bool(sends[graph.head_sender(li, h)]) for h in range(graph.n_heads)])
+            cols = heads.repeat_interleave(hd).to(a.dtype)
+            out += [(a, cols.expand_as(a).clone()), (b, torch.ones_like(b) * float(heads.any()))]
+        else:
+            keep = (kind == "mlp" and bool(sends[graph.mlp_sender(li)])) or (
+                kind == "attn" and any(bool(sends[graph.head_sender(li, h)]) for h in range(graph.n_heads)))
+            out += [(a, torch.full_like(a, float(keep))), (b, torch.full_like(b, float(keep)))]
+    return out
+
+
+@contextmanager
+def restricted_to(masks):
+    """Zero the masked LoRA weights now and mask their gradients inside the block: the adapter
+    keeps and trains only what `masks` (circuit_lora_masks) allows."""
+    with torch.no_grad():
+        for p, m in masks:
+            p.mul_(m.to(p.device))
+    hooks = [p.register_hook(lambda g, m=m: g * m.to(g.device)) for p, m in masks]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def edge_key(graph) -> str:
@@ -199,12 +272,19 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
     use_general = cfg.heal_general_weight > 0 and general_blocks
     n_blocks = len(general_blocks) if use_general else 0
     every = cfg.heal_gate_every if accepts is not None else 0
+    full_weight = getattr(cfg, "heal_full_weight", 0.0)
+    penalty = getattr(cfg, "heal_adapter_penalty", 0.0)
+    norm2 = base_norm2(model) if penalty else 1.0
 
     def loss_fn(step):
         idx = shard(torch.randperm(n, generator=gen)[:bs].tolist())
         loss = heal_loss(model, graph, cols, idx, target_logp, cfg, means)
         if cfg.heal_corrupted_weight > 0:
             loss = loss + cfg.heal_corrupted_weight * corrupted_loss(model, cols, idx, corrupted_logp)
+        if full_weight > 0:
+            loss = loss + full_weight * corrupted_loss(model, cols, idx, target_logp, prompts="clean_ids")
+        if penalty > 0:
+            loss = loss + penalty * adapter_size(model, norm2)
         if use_general:
             picks = shard(torch.randperm(n_blocks, generator=gen)[:cfg.heal_general_batch].tolist())
             loss = loss + cfg.heal_general_weight * general_loss(
@@ -218,8 +298,10 @@ def heal(model, graph, rows, target_logp, cfg, rnd, progress=True, general_block
             return accepts()
 
     model.train()
+    restrict = restricted_to(circuit_lora_masks(model, graph)) if getattr(cfg, "lora_on_circuit", False) \
+        else nullcontext()
     try:
-        with base_weights_in(model, cfg.heal_dtype) as originals:
+        with restrict, base_weights_in(model, cfg.heal_dtype) as originals:
             state = (FitState(state_path, generators={"batches": gen}, what=f"{edge_key(graph)}, {n} rows")
                      if state_path else None)
             losses = fit(params, loss_fn, cfg.heal_steps, lr=cfg.heal_lr,

@@ -212,7 +212,10 @@ class _Loop:
                               general_blocks=self.train_blocks, corrupted_logp=self.corrupted_logp,
                               state_path=self._heal_file(rnd), resumed=resumed, means=self.means,
                               # heal-only (prune=false) heals in full: its heal is the control
-                              accepts=(lambda: self.gate(model, candidate)[0]) if cfg.prune else None)
+                              # early stops skip the guards (the full model's costly checks):
+                              # the gate after the heal asks them
+                              accepts=(lambda: self.gate(model, candidate, guards=False)[0])
+                              if cfg.prune else None)
                 ok, g = self.gate(model, candidate)
             elif cfg.heal:
                 note = "accepted before healing"
@@ -419,7 +422,7 @@ def run_condense(ctx: RunContext) -> dict:
 
 # what a round's (and the final heal's) record keeps of the gate's verdict
 GATE_FIELDS = ("accuracy", "accuracy_empty", "ppl_ratio", "kl", "top1_agreement", "faithfulness",
-               "accuracy_margin_low", "task_drop_max", "task_kl_max", "text_ppl_ratio", "broken_tasks")
+               "accuracy_margin_low", "adapter_off_faithfulness", "task_drop_max", "task_kl_max", "text_ppl_ratio", "broken_tasks")
 # the gate's record of a candidate it never saw (heal diverged, or skipped)
 _NOT_GATED = dict({k: math.nan for k in GATE_FIELDS}, gate_empty=True, gate_tasks=True, gate_text=True,
                   broken_tasks="")

@@ -90,15 +90,17 @@ RESUME_KEYS = ("model", "task", "n_train", "n_val", "seed", "ig_steps", "interve
                "early_rank_edges", "heal_if_needed", "heal_dtype", "heal_gate_every",
                "gate_empty_fails", "heal_corrupted_weight", "gate_top1_agreement", "heal_temperature",
                "gate_tasks", "gate_task_rows", "gate_task_tol", "gate_task_kl", "gate_text_blocks",
-               "gate_text_ppl_ratio", "gate_text_path", "gate_confidence")
+               "gate_text_ppl_ratio", "gate_text_path", "gate_confidence", "heal_full_weight",
+               "heal_adapter_penalty", "lora_on_circuit", "gate_adapter_off_faithfulness")
 # a key at this value is left out of the fingerprint, so a state written before it existed resumes
 OFF = dict(gate_faithfulness=0.0, rank_rows=None, early_rank_method=None, early_rank_edges=0,
            heal_if_needed=False, heal_dtype=None, heal_gate_every=0, gate_empty_fails=False,
            heal_corrupted_weight=0.0, gate_top1_agreement=0.0, heal_temperature=1.0,
            # the guards: off, and their settings at the defaults they have had since they exist
-           gate_tasks="none", gate_text_blocks=0, gate_task_rows=100, gate_task_tol=None,
+           gate_tasks="none", gate_text_blocks=0, gate_task_rows=50, gate_task_tol=None,
            gate_task_kl=0.5, gate_text_ppl_ratio=None, gate_text_path=SECOND_SOURCE,
-           gate_confidence=0.0)
+           gate_confidence=0.0, heal_full_weight=0.0, heal_adapter_penalty=0.0, lora_on_circuit=False,
+           gate_adapter_off_faithfulness=0.0)
 
 
 def _fingerprint(cfg):
